@@ -1,0 +1,332 @@
+//! The YAML configuration: schema, defaults and validation.
+//!
+//! Every struct is `#[serde(default, deny_unknown_fields)]`, so a typo is an error that names the
+//! field and its line, and an omitted field takes the default documented on it. [`Config::load`]
+//! parses and validates; [`Config::validate`] returns every problem at once, each prefixed with the
+//! path of the bad field (`pools[0].endpoints[2].address: ...`).
+//!
+//! This module never reaches the network: addresses are checked for form, not reachability.
+
+mod validate;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use validate::ConfigError;
+
+/// The whole router configuration, as read from one YAML file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Listen addresses and server limits. Not hot-reloadable (a change is logged and ignored).
+    pub server: ServerConfig,
+    /// How decisions are written back to Envoy, and request limits.
+    pub routing: RoutingConfig,
+    /// Which routing policy picks endpoints, and its parameters.
+    pub policy: PolicyConfig,
+    /// Per-model settings (tokenizer, block size). A model served by an endpoint needs no entry
+    /// here; it then uses the defaults.
+    pub models: Vec<ModelConfig>,
+    /// Groups of model replicas. At least one endpoint must be configured in total.
+    pub pools: Vec<PoolConfig>,
+}
+
+/// Listen addresses and server-level limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address of the ext_proc gRPC server. Default `127.0.0.1:9002`.
+    pub grpc_listen: SocketAddr,
+    /// Address of the admin HTTP server (`/healthz`, `/readyz`, `/metrics`, `/debug/*`).
+    /// Default `127.0.0.1:9090`.
+    pub admin_listen: SocketAddr,
+    /// How often the config file is checked for changes, in milliseconds. 0 disables hot reload.
+    /// Default 1000.
+    pub reload_interval_ms: u64,
+    /// Largest gRPC message accepted from Envoy, in bytes. A BUFFERED body arrives as one message,
+    /// so this bounds the body size in that mode. Default 64 MiB.
+    pub max_grpc_message_bytes: usize,
+    /// Log format: `text` or `json`. Default `text`.
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            reload_interval_ms: 1000,
+            max_grpc_message_bytes: 64 << 20,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How a decision is handed back to Envoy, and request limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Header (and `envoy.lb` metadata key) carrying the picked `ip:port`.
+    /// Default `x-gateway-destination-endpoint` (the endpoint picker protocol's name).
+    pub destination_header: String,
+    /// Fallback endpoints appended after the pick, comma-separated, for gateways that retry on
+    /// the next host. Default 2. 0 sends the pick alone.
+    pub fallback_endpoints: usize,
+    /// Largest request body accepted, in bytes; a larger one gets 413. Default 32 MiB.
+    pub max_body_bytes: usize,
+    /// Seconds in the `retry-after` header of a 503 (no healthy endpoint). Default 1.
+    pub retry_after_s: u32,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            destination_header: "x-gateway-destination-endpoint".to_string(),
+            fallback_endpoints: 2,
+            max_body_bytes: 32 << 20,
+            retry_after_s: 1,
+        }
+    }
+}
+
+/// The routing policy and its parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Policy name. Default `least-loaded`.
+    pub name: PolicyName,
+    /// Parameters of `least-loaded`.
+    pub least_loaded: LeastLoadedConfig,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            name: PolicyName::LeastLoaded,
+            least_loaded: LeastLoadedConfig::default(),
+        }
+    }
+}
+
+/// The routing policies that can be selected by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// Each request to the next candidate in turn; ignores load and cache.
+    RoundRobin,
+    /// Fewest in-flight requests (per unit of weight), then fewest in-flight prompt tokens.
+    LeastLoaded,
+}
+
+impl PolicyName {
+    /// The name as written in config and in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::RoundRobin => "round-robin",
+            PolicyName::LeastLoaded => "least-loaded",
+        }
+    }
+}
+
+/// Parameters of the `least-loaded` policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeastLoadedConfig {
+    /// How many in-flight prompt tokens weigh as much as one in-flight request when the two are
+    /// combined into one load figure. Default 2048.
+    pub tokens_per_request: f64,
+}
+
+impl Default for LeastLoadedConfig {
+    fn default() -> Self {
+        Self {
+            tokens_per_request: 2048.0,
+        }
+    }
+}
+
+/// Per-model settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model name as clients send it in `model`. Required.
+    pub name: String,
+}
+
+/// A group of endpoints. Pool-level `models` / `adapters` apply to endpoints that list none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Pool name, unique; used in logs and metrics. Required.
+    pub name: String,
+    /// Models served by every endpoint of the pool that lists none of its own.
+    pub models: Vec<String>,
+    /// LoRA adapters served by every endpoint of the pool that lists none of its own.
+    pub adapters: Vec<String>,
+    /// The replicas.
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+/// One model replica.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// `ip:port` of the replica's OpenAI-compatible HTTP server, as Envoy's ORIGINAL_DST cluster
+    /// will dial it. Required; must be unique across pools.
+    pub address: String,
+    /// Models (served model names) this replica serves. Empty: the pool's list.
+    pub models: Vec<String>,
+    /// LoRA adapters this replica serves (clients select one as `model` or `adapter`).
+    /// Empty: the pool's list.
+    pub adapters: Vec<String>,
+    /// Relative capacity for load balancing; an endpoint of weight 2 takes twice the load of one
+    /// of weight 1 before looking equally busy. Must be > 0. Default 1.
+    pub weight: f64,
+    /// Most concurrent requests the router sends it; at the limit it counts as saturated.
+    /// Default: no limit.
+    pub max_in_flight: Option<u32>,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            address: String::new(),
+            models: Vec::new(),
+            adapters: Vec::new(),
+            weight: 1.0,
+            max_in_flight: None,
+        }
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML does not match the schema (the message names the field and its line).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message, with the field path and location.
+        message: String,
+    },
+    /// The YAML parsed but values are invalid.
+    #[error("{path}: invalid configuration:\n{}", format_errors(.errors))]
+    Invalid {
+        /// The file.
+        path: String,
+        /// Every problem found.
+        errors: Vec<ConfigError>,
+    },
+}
+
+fn format_errors(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  - {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Config {
+    /// Parses YAML text (no validation).
+    pub fn from_yaml(text: &str) -> Result<Config, String> {
+        serde_norway::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, LoadError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse_and_validate(&text, &shown)
+    }
+
+    /// Parses and validates YAML text; `origin` names it in errors.
+    pub fn parse_and_validate(text: &str, origin: &str) -> Result<Config, LoadError> {
+        let config = Self::from_yaml(text).map_err(|message| LoadError::Parse {
+            path: origin.to_string(),
+            message,
+        })?;
+        let errors = config.validate();
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(LoadError::Invalid {
+                path: origin.to_string(),
+                errors,
+            })
+        }
+    }
+
+    /// Every endpoint with the pool defaults applied, in config order.
+    pub fn resolved_endpoints(&self) -> Vec<ResolvedEndpoint> {
+        let mut out = Vec::new();
+        for pool in &self.pools {
+            for ep in &pool.endpoints {
+                let Ok(address) = ep.address.parse::<SocketAddr>() else {
+                    continue; // rejected by validate(); never reached for a loaded config
+                };
+                let models = if ep.models.is_empty() {
+                    pool.models.clone()
+                } else {
+                    ep.models.clone()
+                };
+                let adapters = if ep.adapters.is_empty() {
+                    pool.adapters.clone()
+                } else {
+                    ep.adapters.clone()
+                };
+                out.push(ResolvedEndpoint {
+                    address,
+                    pool: pool.name.clone(),
+                    models,
+                    adapters,
+                    weight: ep.weight,
+                    max_in_flight: ep.max_in_flight,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// An endpoint with its pool's defaults applied and its address parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedEndpoint {
+    /// The replica's address.
+    pub address: SocketAddr,
+    /// The pool it belongs to.
+    pub pool: String,
+    /// Models it serves.
+    pub models: Vec<String>,
+    /// LoRA adapters it serves.
+    pub adapters: Vec<String>,
+    /// Relative capacity (> 0).
+    pub weight: f64,
+    /// Concurrency limit, if any.
+    pub max_in_flight: Option<u32>,
+}

@@ -1,0 +1,283 @@
+//! Semantic checks that serde cannot express, each reported with the path of the bad field.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+
+use super::Config;
+
+/// One invalid value: where it is and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Path of the field, e.g. `pools[0].endpoints[2].address`.
+    pub path: String,
+    /// What is wrong, e.g. `"10.0.0.1" is not an ip:port`.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+#[derive(Default)]
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+/// True when `name` is a valid lowercase HTTP/2 header field name (RFC 9110 token, no uppercase).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+fn positive_finite(errors: &mut Errors, path: &str, value: f64) {
+    if !(value.is_finite() && value > 0.0) {
+        errors.push(path, format!("must be a finite number > 0 (got {value})"));
+    }
+}
+
+impl Config {
+    /// Returns every invalid value; empty means the config is usable.
+    pub fn validate(&self) -> Vec<ConfigError> {
+        let mut errors = Errors::default();
+
+        if self.server.max_grpc_message_bytes < 64 * 1024 {
+            errors.push(
+                "server.max_grpc_message_bytes",
+                "must be at least 65536 (Envoy sends body chunks of up to 64 KiB)",
+            );
+        }
+        if self.server.grpc_listen == self.server.admin_listen
+            && self.server.grpc_listen.port() != 0
+        {
+            errors.push("server.admin_listen", "must differ from server.grpc_listen");
+        }
+
+        let header = &self.routing.destination_header;
+        if !is_header_name(header) {
+            errors.push(
+                "routing.destination_header",
+                format!("{header:?} is not a lowercase HTTP header name"),
+            );
+        }
+        if self.routing.max_body_bytes == 0 {
+            errors.push("routing.max_body_bytes", "must be > 0");
+        }
+
+        positive_finite(
+            &mut errors,
+            "policy.least_loaded.tokens_per_request",
+            self.policy.least_loaded.tokens_per_request,
+        );
+
+        let mut model_names = HashSet::new();
+        for (i, model) in self.models.iter().enumerate() {
+            if model.name.trim().is_empty() {
+                errors.push(format!("models[{i}].name"), "is required");
+            } else if !model_names.insert(model.name.as_str()) {
+                errors.push(
+                    format!("models[{i}].name"),
+                    format!("{:?} is listed twice", model.name),
+                );
+            }
+        }
+
+        self.validate_pools(&mut errors);
+        errors.0
+    }
+
+    fn validate_pools(&self, errors: &mut Errors) {
+        let mut pool_names = HashSet::new();
+        let mut addresses: HashSet<SocketAddr> = HashSet::new();
+        let mut total = 0usize;
+        for (p, pool) in self.pools.iter().enumerate() {
+            let at = format!("pools[{p}]");
+            if pool.name.trim().is_empty() {
+                errors.push(format!("{at}.name"), "is required");
+            } else if !pool_names.insert(pool.name.as_str()) {
+                errors.push(
+                    format!("{at}.name"),
+                    format!("{:?} is used by another pool", pool.name),
+                );
+            }
+            for (m, model) in pool.models.iter().enumerate() {
+                if model.trim().is_empty() {
+                    errors.push(format!("{at}.models[{m}]"), "must not be empty");
+                }
+            }
+            for (e, ep) in pool.endpoints.iter().enumerate() {
+                total += 1;
+                let at = format!("{at}.endpoints[{e}]");
+                match ep.address.parse::<SocketAddr>() {
+                    Ok(addr) if addr.port() == 0 => {
+                        errors.push(format!("{at}.address"), "port must not be 0");
+                    }
+                    Ok(addr) if addr.ip().is_unspecified() => errors.push(
+                        format!("{at}.address"),
+                        format!("{addr} is a wildcard address; give the replica's own IP"),
+                    ),
+                    Ok(addr) => {
+                        if !addresses.insert(addr) {
+                            errors.push(
+                                format!("{at}.address"),
+                                format!("{addr} is listed more than once"),
+                            );
+                        }
+                    }
+                    Err(_) if ep.address.is_empty() => {
+                        errors.push(format!("{at}.address"), "is required");
+                    }
+                    Err(_) => errors.push(
+                        format!("{at}.address"),
+                        format!(
+                            "{:?} is not an ip:port (IPv6 as [::1]:8000; Envoy's ORIGINAL_DST \
+                             cluster needs an IP, not a host name)",
+                            ep.address
+                        ),
+                    ),
+                }
+                if ep.models.is_empty() && pool.models.is_empty() {
+                    errors.push(
+                        format!("{at}.models"),
+                        "no models: list them on the endpoint or on its pool",
+                    );
+                }
+                for (m, model) in ep.models.iter().enumerate() {
+                    if model.trim().is_empty() {
+                        errors.push(format!("{at}.models[{m}]"), "must not be empty");
+                    }
+                }
+                positive_finite(errors, &format!("{at}.weight"), ep.weight);
+                if ep.max_in_flight == Some(0) {
+                    errors.push(format!("{at}.max_in_flight"), "must be > 0 when set");
+                }
+            }
+        }
+        if total == 0 {
+            errors.push("pools", "no endpoints configured");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+pools:
+  - name: a
+    models: [m1]
+    endpoints:
+      - address: 127.0.0.1:8001
+      - address: "[::1]:8002"
+        models: [m2]
+        adapters: [lora-x]
+        weight: 2
+"#;
+
+    fn errors_of(yaml: &str) -> Vec<String> {
+        Config::from_yaml(yaml)
+            .expect("parses")
+            .validate()
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn good_config_is_valid_and_resolves_pool_defaults() {
+        let config = Config::from_yaml(GOOD).unwrap();
+        assert_eq!(config.validate(), vec![]);
+        let eps = config.resolved_endpoints();
+        assert_eq!(eps.len(), 2);
+        assert_eq!(eps[0].models, vec!["m1"]);
+        assert_eq!(eps[1].models, vec!["m2"]);
+        assert_eq!(eps[1].adapters, vec!["lora-x"]);
+        assert_eq!(eps[1].weight, 2.0);
+        assert_eq!(eps[1].address.to_string(), "[::1]:8002");
+    }
+
+    #[test]
+    fn bad_values_are_reported_with_their_paths() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: 'localhost:80'}]}]",
+                "pools[0].endpoints[0].address: \"localhost:80\" is not an ip:port",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:0'}]}]",
+                "pools[0].endpoints[0].address: port must not be 0",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '0.0.0.0:80'}]}]",
+                "pools[0].endpoints[0].address: 0.0.0.0:80 is a wildcard address",
+            ),
+            (
+                "pools: [{name: a, endpoints: [{address: '127.0.0.1:1'}]}]",
+                "pools[0].endpoints[0].models: no models",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1', weight: 0}]}]",
+                "pools[0].endpoints[0].weight: must be a finite number > 0 (got 0)",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}, {address: '127.0.0.1:1'}]}]",
+                "pools[0].endpoints[1].address: 127.0.0.1:1 is listed more than once",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}, {name: a, models: [m], endpoints: [{address: '127.0.0.1:2'}]}]",
+                "pools[1].name: \"a\" is used by another pool",
+            ),
+            ("pools: []", "pools: no endpoints configured"),
+            (
+                "routing: {destination_header: 'X-Bad Header'}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "routing.destination_header: \"X-Bad Header\" is not a lowercase HTTP header name",
+            ),
+            (
+                "policy: {least_loaded: {tokens_per_request: -1}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "policy.least_loaded.tokens_per_request: must be a finite number > 0",
+            ),
+            (
+                "models: [{name: m}, {name: m}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[1].name: \"m\" is listed twice",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let errors = errors_of(yaml);
+            assert!(
+                errors.iter().any(|e| e.starts_with(expected)),
+                "for {yaml}\nexpected an error starting with {expected:?}\ngot {errors:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_types_are_parse_errors_naming_the_field() {
+        let err = Config::from_yaml("pools: [{name: a, endpoints: [{adress: x}]}]").unwrap_err();
+        assert!(err.contains("unknown field `adress`"), "{err}");
+        assert!(err.contains("pools[0].endpoints[0]"), "{err}");
+        let err = Config::from_yaml("policy: {name: fastest}").unwrap_err();
+        assert!(err.contains("unknown variant `fastest`"), "{err}");
+        assert!(err.contains("least-loaded"), "{err}");
+    }
+
+    #[test]
+    fn header_names() {
+        assert!(is_header_name("x-gateway-destination-endpoint"));
+        assert!(!is_header_name(""));
+        assert!(!is_header_name("X-Upper"));
+        assert!(!is_header_name(":authority"));
+        assert!(!is_header_name("a b"));
+    }
+}

@@ -1,0 +1,104 @@
+//! Hot reload: poll the config file and report each changed version.
+//!
+//! Polling (rather than inotify) sees every way a file can change, including the atomic rename
+//! editors and Kubernetes ConfigMap mounts use, and costs one small read per interval.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{Config, LoadError};
+
+/// Checks `path` every `interval` and calls `on_change` with the parsed, validated config each
+/// time its content changes (or with the error when the new content is invalid; the caller keeps
+/// the previous config then). Runs until the returned task is aborted.
+///
+/// `initial_text` is the content already loaded, so the first poll does not report it again.
+pub fn spawn_poller<F>(
+    path: PathBuf,
+    interval: Duration,
+    initial_text: &str,
+    mut on_change: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut(Result<Config, LoadError>) + Send + 'static,
+{
+    let mut last_hash = xxh3_64(initial_text.as_bytes());
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate; the file was just read
+        loop {
+            ticker.tick().await;
+            let text = match tokio::fs::read_to_string(&path).await {
+                Ok(text) => text,
+                Err(source) => {
+                    // A missing file mid-rename is normal; report it once per distinct state.
+                    let hash = 0;
+                    if hash != last_hash {
+                        last_hash = hash;
+                        on_change(Err(LoadError::Read {
+                            path: path.display().to_string(),
+                            source,
+                        }));
+                    }
+                    continue;
+                }
+            };
+            let hash = xxh3_64(text.as_bytes());
+            if hash == last_hash {
+                continue;
+            }
+            last_hash = hash;
+            on_change(Config::parse_and_validate(
+                &text,
+                &path.display().to_string(),
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    const V1: &str = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]";
+    const V2: &str = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:2'}]}]";
+
+    #[tokio::test]
+    async fn reports_changes_and_errors_but_not_unchanged_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, V1).unwrap();
+        let seen: Arc<Mutex<Vec<Result<u16, String>>>> = Arc::default();
+        let sink = seen.clone();
+        let task = spawn_poller(path.clone(), Duration::from_millis(10), V1, move |r| {
+            sink.lock().unwrap().push(
+                r.map(|c| c.resolved_endpoints()[0].address.port())
+                    .map_err(|e| e.to_string()),
+            )
+        });
+        let wait_for = |n: usize| {
+            let seen = seen.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while seen.lock().unwrap().len() < n {
+                    assert!(tokio::time::Instant::now() < deadline, "no reload seen");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        std::fs::write(&path, V2).unwrap();
+        wait_for(1).await;
+        std::fs::write(&path, "pools: [{name: a, endpoints: [{address: nope}]}]").unwrap();
+        wait_for(2).await;
+        task.abort();
+        let seen = seen.lock().unwrap();
+        // The unchanged initial content (port 1) is never reported: the first report is V2.
+        assert_eq!(seen[0], Ok(2));
+        let err = seen[1].as_ref().unwrap_err();
+        assert!(err.contains("pools[0].endpoints[0].address"), "{err}");
+    }
+}

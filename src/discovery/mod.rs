@@ -1,0 +1,229 @@
+//! The endpoint set: which replicas exist, what they serve, and their live state, published as an
+//! immutable snapshot.
+//!
+//! Readers load the current [`EndpointSet`] with one atomic pointer read and never wait. A new set
+//! is built off to the side and swapped in; endpoints present in both keep their live state
+//! ([`EndpointLoad`]), so a reload never resets load counters and in-flight requests to a removed
+//! endpoint still release their share when they finish.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::ResolvedEndpoint;
+use crate::load::EndpointLoad;
+
+/// One replica, as known to the router.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Where Envoy sends its requests.
+    pub address: SocketAddr,
+    /// `address` formatted once, as written in the destination header.
+    pub address_str: Arc<str>,
+    /// The pool it was configured in.
+    pub pool: Arc<str>,
+    /// Served model names.
+    pub models: Vec<String>,
+    /// Served LoRA adapter names.
+    pub adapters: Vec<String>,
+    /// Relative capacity (> 0).
+    pub weight: f64,
+    /// Concurrency limit from config, if any.
+    pub max_in_flight: Option<u32>,
+    /// Live load counters, carried across snapshots.
+    pub load: Arc<EndpointLoad>,
+}
+
+/// An immutable snapshot of all endpoints, indexed by what requests ask for.
+#[derive(Debug, Default)]
+pub struct EndpointSet {
+    endpoints: Vec<Arc<Endpoint>>,
+    by_model: HashMap<String, Vec<usize>>,
+    by_adapter: HashMap<String, Vec<usize>>,
+    by_address: HashMap<SocketAddr, usize>,
+    /// Increases with every published set.
+    pub version: u64,
+}
+
+/// What a request's `model` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelMatch {
+    /// A base model.
+    Base,
+    /// A LoRA adapter.
+    Adapter,
+}
+
+impl EndpointSet {
+    /// All endpoints, in config order.
+    pub fn all(&self) -> &[Arc<Endpoint>] {
+        &self.endpoints
+    }
+
+    /// Indices (into [`Self::all`]) of endpoints serving `model`, as a base model first, else as
+    /// an adapter; `None` when nothing serves it.
+    pub fn serving(&self, model: &str) -> Option<(ModelMatch, &[usize])> {
+        if let Some(ids) = self.by_model.get(model) {
+            return Some((ModelMatch::Base, ids));
+        }
+        self.by_adapter
+            .get(model)
+            .map(|ids| (ModelMatch::Adapter, ids.as_slice()))
+    }
+
+    /// The endpoint at `address`, if present.
+    pub fn get(&self, address: &SocketAddr) -> Option<&Arc<Endpoint>> {
+        self.by_address.get(address).map(|&i| &self.endpoints[i])
+    }
+
+    /// Every model name served (base models and adapters), sorted.
+    pub fn model_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .by_model
+            .keys()
+            .chain(self.by_adapter.keys())
+            .map(String::as_str)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    fn build(specs: &[ResolvedEndpoint], previous: &EndpointSet, version: u64) -> EndpointSet {
+        let mut set = EndpointSet {
+            version,
+            ..EndpointSet::default()
+        };
+        for spec in specs {
+            let load = previous
+                .get(&spec.address)
+                .map(|ep| Arc::clone(&ep.load))
+                .unwrap_or_default();
+            let i = set.endpoints.len();
+            set.endpoints.push(Arc::new(Endpoint {
+                address: spec.address,
+                address_str: spec.address.to_string().into(),
+                pool: spec.pool.as_str().into(),
+                models: spec.models.clone(),
+                adapters: spec.adapters.clone(),
+                weight: spec.weight,
+                max_in_flight: spec.max_in_flight,
+                load,
+            }));
+            set.by_address.insert(spec.address, i);
+            for m in &spec.models {
+                set.by_model.entry(m.clone()).or_default().push(i);
+            }
+            for a in &spec.adapters {
+                set.by_adapter.entry(a.clone()).or_default().push(i);
+            }
+        }
+        set
+    }
+}
+
+/// What changed between two published sets.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SetChange {
+    /// Addresses new in this set.
+    pub added: Vec<SocketAddr>,
+    /// Addresses no longer present (their cache entries should be dropped).
+    pub removed: Vec<SocketAddr>,
+}
+
+/// Holds the current [`EndpointSet`] and publishes new ones.
+#[derive(Debug, Default)]
+pub struct Registry {
+    current: ArcSwap<EndpointSet>,
+    publish_lock: parking_lot::Mutex<()>,
+}
+
+impl Registry {
+    /// A registry holding `specs`.
+    pub fn new(specs: &[ResolvedEndpoint]) -> Registry {
+        let registry = Registry::default();
+        registry.publish(specs);
+        registry
+    }
+
+    /// The current snapshot. Never blocks.
+    pub fn snapshot(&self) -> Arc<EndpointSet> {
+        self.current.load_full()
+    }
+
+    /// Replaces the endpoint set, keeping the live state of endpoints that remain.
+    pub fn publish(&self, specs: &[ResolvedEndpoint]) -> SetChange {
+        // Publishers are serialized so two reloads cannot interleave and lose state; readers are
+        // never blocked by this lock.
+        let _guard = self.publish_lock.lock();
+        let previous = self.current.load_full();
+        let next = EndpointSet::build(specs, &previous, previous.version + 1);
+        let before: HashSet<SocketAddr> = previous.by_address.keys().copied().collect();
+        let after: HashSet<SocketAddr> = next.by_address.keys().copied().collect();
+        let mut change = SetChange {
+            added: after.difference(&before).copied().collect(),
+            removed: before.difference(&after).copied().collect(),
+        };
+        change.added.sort_unstable();
+        change.removed.sort_unstable();
+        self.current.store(Arc::new(next));
+        change
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(port: u16, models: &[&str], adapters: &[&str]) -> ResolvedEndpoint {
+        ResolvedEndpoint {
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            pool: "p".into(),
+            models: models.iter().map(|s| s.to_string()).collect(),
+            adapters: adapters.iter().map(|s| s.to_string()).collect(),
+            weight: 1.0,
+            max_in_flight: None,
+        }
+    }
+
+    #[test]
+    fn lookup_by_model_and_adapter() {
+        let reg = Registry::new(&[
+            spec(1, &["a"], &["lora1"]),
+            spec(2, &["a", "b"], &[]),
+            spec(3, &["b"], &["lora1"]),
+        ]);
+        let set = reg.snapshot();
+        assert_eq!(set.serving("a"), Some((ModelMatch::Base, &[0usize, 1][..])));
+        assert_eq!(
+            set.serving("lora1"),
+            Some((ModelMatch::Adapter, &[0usize, 2][..]))
+        );
+        assert_eq!(set.serving("zzz"), None);
+        assert_eq!(set.model_names(), vec!["a", "b", "lora1"]);
+    }
+
+    #[test]
+    fn republish_keeps_live_state_and_reports_changes() {
+        let reg = Registry::new(&[spec(1, &["a"], &[]), spec(2, &["a"], &[])]);
+        let old = reg.snapshot();
+        let guard = old.all()[1].load.begin(10);
+        let change = reg.publish(&[spec(2, &["a"], &[]), spec(3, &["a"], &[])]);
+        assert_eq!(change.added, vec![SocketAddr::from(([127, 0, 0, 1], 3))]);
+        assert_eq!(change.removed, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
+        let new = reg.snapshot();
+        assert_eq!(new.version, old.version + 1);
+        let ep2 = new.get(&SocketAddr::from(([127, 0, 0, 1], 2))).unwrap();
+        assert_eq!(
+            ep2.load.snapshot().in_flight_requests,
+            1,
+            "state carried over"
+        );
+        drop(guard);
+        assert_eq!(ep2.load.snapshot().in_flight_requests, 0);
+        // The old snapshot is still usable by a reader that holds it.
+        assert_eq!(old.all().len(), 2);
+    }
+}

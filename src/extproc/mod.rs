@@ -1,0 +1,114 @@
+//! The Envoy `ExternalProcessor` gRPC service: one task per stream drives a [`stream::Stream`]
+//! and forwards its replies. Errors become Envoy responses here and nowhere else.
+
+mod envoy;
+mod observe;
+mod reject;
+pub mod stream;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use futures::Stream as FuturesStream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+pub use observe::Usage;
+
+use crate::router::Router;
+
+/// Replies buffered per stream before the stream task waits for Envoy to read them. A full
+/// duplex body echo sends one reply per received chunk, so this only bounds memory.
+const REPLY_BUFFER: usize = 32;
+
+/// The ext_proc service.
+#[derive(Debug, Clone)]
+pub struct ExtProc {
+    router: Arc<Router>,
+}
+
+impl ExtProc {
+    /// A service routing with `router`.
+    pub fn new(router: Arc<Router>) -> ExtProc {
+        ExtProc { router }
+    }
+
+    /// The tonic service, accepting messages up to `max_message_bytes` (a BUFFERED body arrives
+    /// as one message).
+    pub fn into_server(self, max_message_bytes: usize) -> ExternalProcessorServer<ExtProc> {
+        ExternalProcessorServer::new(self)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes)
+    }
+}
+
+type ReplyStream = Pin<Box<dyn FuturesStream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ReplyStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(REPLY_BUFFER);
+        tokio::spawn(drive(Arc::clone(&self.router), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Runs one stream to its end. Envoy resetting the stream at the end of a request is normal and
+/// simply ends the loop; the stream state's drop releases anything still held.
+async fn drive(
+    router: Arc<Router>,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: mpsc::Sender<Result<ProcessingResponse, Status>>,
+) {
+    let metrics = Arc::clone(router.metrics());
+    metrics.stream_opened();
+    let mut stream = stream::Stream::new(router);
+    'messages: loop {
+        let msg = tokio::select! {
+            msg = inbound.message() => msg,
+            // Envoy stopped reading our replies: the HTTP stream is gone.
+            _ = tx.closed() => break,
+        };
+        match msg {
+            Ok(Some(msg)) => {
+                for reply in stream.on_message(msg).await {
+                    if tx.send(Ok(reply)).await.is_err() {
+                        break 'messages;
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(status) => {
+                tracing::trace!(%status, "ext_proc stream ended by Envoy");
+                break;
+            }
+        }
+    }
+    metrics.stream_closed(stream.outcome().as_str());
+}
+
+/// Serves the ext_proc service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    router: Arc<Router>,
+    listener: tokio::net::TcpListener,
+    max_message_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .add_service(ExtProc::new(router).into_server(max_message_bytes))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

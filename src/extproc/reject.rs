@@ -1,0 +1,142 @@
+//! Requests the router answers itself, as OpenAI-style JSON errors.
+
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
+use serde_json::json;
+
+use super::envoy;
+use crate::request::RequestError;
+use crate::router::RouteError;
+
+/// An error answered to the client instead of routing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// HTTP status.
+    pub status: u16,
+    /// Human-readable message (never contains prompt text).
+    pub message: String,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    /// The offending request field, if any.
+    pub param: Option<String>,
+}
+
+impl Rejection {
+    /// 413: the body exceeds `limit` bytes.
+    pub fn too_large(limit: usize) -> Rejection {
+        Rejection {
+            status: 413,
+            message: format!("Request body exceeds the router's limit of {limit} bytes."),
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
+    /// 500: the router could not finish its own work (shutting down).
+    pub fn internal() -> Rejection {
+        Rejection {
+            status: 500,
+            message: "The router failed to process the request.".into(),
+            kind: "internal_error",
+            param: None,
+        }
+    }
+
+    /// The ext_proc reply; 503s carry `retry-after: retry_after_s`.
+    pub fn into_response(self, retry_after_s: u32) -> ProcessingResponse {
+        let body = json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        });
+        let extra: Vec<(&str, String)> = if self.status == 503 {
+            vec![("retry-after", retry_after_s.to_string())]
+        } else {
+            Vec::new()
+        };
+        let details = format!("kvrouter_{}", self.status);
+        envoy::immediate(self.status, body.to_string().into_bytes(), &extra, &details)
+    }
+}
+
+impl From<RequestError> for Rejection {
+    fn from(e: RequestError) -> Rejection {
+        Rejection {
+            status: 400,
+            param: e.param().map(str::to_string),
+            message: e.to_string(),
+            kind: "invalid_request_error",
+        }
+    }
+}
+
+impl From<RouteError> for Rejection {
+    fn from(e: RouteError) -> Rejection {
+        match &e {
+            RouteError::UnknownModel { .. } => Rejection {
+                status: 404,
+                message: e.to_string(),
+                kind: "not_found_error",
+                param: Some("model".into()),
+            },
+            RouteError::NoEndpoint { .. } => Rejection {
+                status: 503,
+                message: e.to_string(),
+                kind: "service_unavailable",
+                param: None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+
+    #[test]
+    fn errors_map_to_statuses_and_openai_bodies() {
+        let cases = [
+            (
+                Rejection::from(RequestError::Missing("model")),
+                400,
+                Some("model"),
+            ),
+            (
+                Rejection::from(RouteError::UnknownModel { model: "x".into() }),
+                404,
+                Some("model"),
+            ),
+            (
+                Rejection::from(RouteError::NoEndpoint {
+                    model: "x".into(),
+                    reason: "r",
+                }),
+                503,
+                None,
+            ),
+            (Rejection::too_large(10), 413, None),
+        ];
+        for (rejection, status, param) in cases {
+            assert_eq!(rejection.status, status);
+            let Some(Response::ImmediateResponse(ir)) = rejection.into_response(7).response else {
+                panic!()
+            };
+            assert_eq!(ir.status.unwrap().code, i32::from(status));
+            let body: serde_json::Value = serde_json::from_slice(&ir.body).unwrap();
+            assert_eq!(body["error"]["code"], status);
+            assert_eq!(body["error"]["param"].as_str(), param);
+            assert!(body["error"]["message"].as_str().unwrap().len() > 5);
+            let headers = ir.headers.unwrap().set_headers;
+            let retry = headers
+                .iter()
+                .find(|h| h.header.as_ref().unwrap().key == "retry-after");
+            assert_eq!(retry.is_some(), status == 503);
+            if let Some(h) = retry {
+                assert_eq!(h.header.as_ref().unwrap().raw_value, b"7");
+            }
+        }
+    }
+}

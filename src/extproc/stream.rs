@@ -1,0 +1,469 @@
+//! One ext_proc stream (one HTTP request) as a typed sequence of phases:
+//!
+//! ```text
+//! Start --request headers--> RequestBody --body end / trailers--> Upstream --response end--> Finished
+//!   \--(no body)-----------------------------------------------> Upstream
+//!   any phase --immediate response / stream gone--> Finished
+//! ```
+//!
+//! The body modes differ only in when the routing decision is written back:
+//! - `FULL_DUPLEX_STREAMED`: Envoy streams body chunks while it waits for the headers response,
+//!   and picks the upstream host right after it. So the headers response is held until the body
+//!   has ended, then sent with the destination, followed by every chunk echoed back in order.
+//! - `BUFFERED`: the headers get an immediate CONTINUE; the whole body arrives in one message and
+//!   its response carries the destination.
+//! - `STREAMED` / `NONE`: the host is picked before the body is seen, so the request is not
+//!   routed here (CONTINUE everywhere); Envoy's fallback route serves it. Logged once.
+//!
+//! The in-flight guard lives in the `Upstream` phase: whatever ends the stream (response end,
+//! client disconnect, Envoy reset, a bug) drops it exactly once.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+
+use super::envoy::{self, Slot};
+use super::observe::ResponseObserver;
+use super::reject::Rejection;
+use crate::discovery::Endpoint;
+use crate::load::InflightGuard;
+use crate::request::{self, ApiKind, ParsedRequest};
+use crate::router::{Decision, Router};
+
+/// Bodies larger than this are parsed on the blocking pool, so a huge prompt cannot stall the
+/// async workers that serve every other stream.
+const INLINE_PARSE_MAX_BYTES: usize = 256 * 1024;
+
+/// How a stream ended, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The response ended normally.
+    Complete,
+    /// We answered with an immediate response.
+    Immediate,
+    /// The request was not routed by us (body mode without a body to route on, or an internal
+    /// fault); Envoy's fallback route served it.
+    Unrouted,
+    /// The stream ended before the response did (client gone, Envoy reset, upstream failure).
+    Cancelled,
+}
+
+impl Outcome {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::Immediate => "immediate",
+            Outcome::Unrouted => "unrouted",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A request whose body is still arriving.
+struct Pending {
+    api: ApiKind,
+    subset: Option<Vec<SocketAddr>>,
+    body: Vec<u8>,
+    /// End offset of each received chunk, to echo chunks back with their original boundaries.
+    chunk_ends: Vec<usize>,
+}
+
+/// A request on its way to (or back from) a replica.
+struct Routed {
+    /// Our share of the endpoint's load; `None` when we did not route the request.
+    guard: Option<InflightGuard>,
+    endpoint: Option<Arc<Endpoint>>,
+    prompt_tokens: u64,
+    decided_at: Instant,
+    observer: ResponseObserver,
+}
+
+impl Routed {
+    fn unrouted() -> Routed {
+        Routed {
+            guard: None,
+            endpoint: None,
+            prompt_tokens: 0,
+            decided_at: Instant::now(),
+            observer: ResponseObserver::default(),
+        }
+    }
+
+    fn from_decision(d: Decision) -> Routed {
+        Routed {
+            endpoint: Some(Arc::clone(d.primary())),
+            guard: Some(d.guard),
+            prompt_tokens: d.prompt_tokens,
+            decided_at: Instant::now(),
+            observer: ResponseObserver::default(),
+        }
+    }
+}
+
+enum Phase {
+    Start,
+    RequestBody(Pending),
+    Upstream(Routed),
+    Finished,
+}
+
+/// The state of one ext_proc stream.
+pub struct Stream {
+    router: Arc<Router>,
+    phase: Phase,
+    request_mode: BodySendMode,
+    response_mode: BodySendMode,
+    request_id: String,
+    outcome: Outcome,
+}
+
+static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
+
+impl Stream {
+    /// A new stream routed by `router`.
+    pub fn new(router: Arc<Router>) -> Stream {
+        Stream {
+            router,
+            phase: Phase::Start,
+            // Until Envoy says otherwise (protocol_config on the first message), assume the
+            // mode that works with every message order.
+            request_mode: BodySendMode::Buffered,
+            response_mode: BodySendMode::None,
+            request_id: String::new(),
+            outcome: Outcome::Cancelled,
+        }
+    }
+
+    /// How the stream ended (or would end if it ended now).
+    pub fn outcome(&self) -> Outcome {
+        match self.phase {
+            Phase::Finished => self.outcome,
+            _ => Outcome::Cancelled,
+        }
+    }
+
+    /// True once nothing more is expected.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
+    /// Handles one message from Envoy; returns the replies to send, in order.
+    pub async fn on_message(&mut self, mut msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if let Some(pc) = &msg.protocol_config {
+            self.request_mode =
+                BodySendMode::try_from(pc.request_body_mode).unwrap_or(BodySendMode::Buffered);
+            self.response_mode =
+                BodySendMode::try_from(pc.response_body_mode).unwrap_or(BodySendMode::None);
+        }
+        let Some(request) = msg.request.take() else {
+            self.router.metrics().record_anomaly();
+            return Vec::new();
+        };
+        match request {
+            Request::RequestHeaders(h) => self.on_request_headers(h, &msg).await,
+            Request::RequestBody(b) => self.on_request_body(b).await,
+            Request::RequestTrailers(_) => self.on_request_trailers().await,
+            Request::ResponseHeaders(h) => vec![self.on_response_headers(h, &msg)],
+            Request::ResponseBody(b) => vec![self.on_response_body(b)],
+            Request::ResponseTrailers(_) => {
+                self.finish(Outcome::Complete);
+                vec![envoy::continue_(Slot::ResponseTrailers)]
+            }
+        }
+    }
+
+    async fn on_request_headers(
+        &mut self,
+        h: HttpHeaders,
+        msg: &ProcessingRequest,
+    ) -> Vec<ProcessingResponse> {
+        if !matches!(self.phase, Phase::Start) {
+            self.router.metrics().record_anomaly();
+            return vec![envoy::continue_(Slot::RequestHeaders)];
+        }
+        let headers = h.headers.as_ref();
+        self.request_id = envoy::header_str(headers, "x-request-id")
+            .map(|id| id.chars().take(64).collect())
+            .unwrap_or_default();
+        let path = envoy::header_str(headers, ":path").unwrap_or("");
+        let pending = Pending {
+            api: ApiKind::from_path(path),
+            subset: envoy::subset_hint(msg.metadata_context.as_ref()),
+            body: Vec::new(),
+            chunk_ends: Vec::new(),
+        };
+        if h.end_of_stream {
+            // No body (GET /v1/models, /health): any endpoint will do.
+            return self.decide(pending, Slot::RequestHeaders, false).await;
+        }
+        match self.request_mode {
+            BodySendMode::FullDuplexStreamed => {
+                self.phase = Phase::RequestBody(pending);
+                Vec::new() // held until the body has ended
+            }
+            BodySendMode::Buffered | BodySendMode::BufferedPartial => {
+                self.phase = Phase::RequestBody(pending);
+                vec![envoy::continue_(Slot::RequestHeaders)]
+            }
+            BodySendMode::Streamed | BodySendMode::None | BodySendMode::Grpc => {
+                if !WARNED_UNROUTABLE_MODE.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        mode = ?self.request_mode,
+                        "Envoy sends request bodies in a mode that picks the host before the \
+                         body is seen; requests are left to Envoy's fallback route. Use \
+                         FULL_DUPLEX_STREAMED or BUFFERED."
+                    );
+                }
+                self.phase = Phase::Upstream(Routed::unrouted());
+                self.outcome = Outcome::Unrouted;
+                vec![envoy::continue_(Slot::RequestHeaders)]
+            }
+        }
+    }
+
+    async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
+        let pending = match &mut self.phase {
+            Phase::RequestBody(p) => p,
+            Phase::Upstream(_) => {
+                // STREAMED / unrouted: chunks pass through.
+                return vec![if full_duplex {
+                    envoy::streamed_request_body(&b.body, b.end_of_stream)
+                } else {
+                    envoy::continue_(Slot::RequestBody)
+                }];
+            }
+            _ => {
+                self.router.metrics().record_anomaly();
+                return vec![envoy::continue_(Slot::RequestBody)];
+            }
+        };
+        let limit = self.router.config().routing.max_body_bytes;
+        if pending.body.len() + b.body.len() > limit {
+            return self.reject(Rejection::too_large(limit));
+        }
+        pending.body.extend_from_slice(&b.body);
+        pending.chunk_ends.push(pending.body.len());
+        if b.end_of_stream {
+            let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
+                unreachable!("matched above")
+            };
+            let slot = if full_duplex {
+                Slot::RequestHeaders
+            } else {
+                Slot::RequestBody
+            };
+            return self.decide(p, slot, false).await;
+        }
+        if full_duplex {
+            Vec::new()
+        } else {
+            // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed.
+            self.reject(Rejection::too_large(limit))
+        }
+    }
+
+    async fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+        if self.request_mode == BodySendMode::FullDuplexStreamed
+            && matches!(self.phase, Phase::RequestBody(_))
+        {
+            let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
+                unreachable!("matched above")
+            };
+            return self.decide(p, Slot::RequestHeaders, true).await;
+        }
+        vec![envoy::continue_(Slot::RequestTrailers)]
+    }
+
+    /// Parses the finished body, picks endpoints and builds the replies: the routing mutation in
+    /// `slot`, then (full duplex) the echoed body and trailers response.
+    async fn decide(
+        &mut self,
+        pending: Pending,
+        slot: Slot,
+        trailers: bool,
+    ) -> Vec<ProcessingResponse> {
+        let router = Arc::clone(&self.router);
+        let (pending, result) = if pending.body.len() > INLINE_PARSE_MAX_BYTES {
+            let joined = tokio::task::spawn_blocking(move || {
+                let result = decide_guarded(&router, &pending);
+                (pending, result)
+            })
+            .await;
+            match joined {
+                Ok(pair) => pair,
+                // The blocking pool is shutting down; the body is gone with the task.
+                Err(_) => return self.reject(Rejection::internal()),
+            }
+        } else {
+            let result = decide_guarded(&router, &pending);
+            (pending, result)
+        };
+
+        let mut out = Vec::with_capacity(pending.chunk_ends.len() + 2);
+        let routed = match result {
+            Ok(Some(decision)) => {
+                let header = &self.router.config().routing.destination_header;
+                out.push(envoy::route(slot, header, &decision.destination));
+                tracing::debug!(
+                    request_id = %self.request_id,
+                    api = pending.api.as_str(),
+                    endpoint = %decision.primary().address_str,
+                    policy = decision.policy,
+                    prompt_tokens = decision.prompt_tokens,
+                    "routed"
+                );
+                self.outcome = Outcome::Complete;
+                Routed::from_decision(decision)
+            }
+            Ok(None) => {
+                // Internal fault: degrade to Envoy's fallback route rather than fail.
+                out.push(envoy::continue_(slot));
+                self.outcome = Outcome::Unrouted;
+                Routed::unrouted()
+            }
+            Err(rejection) => return self.reject(rejection),
+        };
+        if slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed {
+            let mut start = 0;
+            let last = pending.chunk_ends.len().saturating_sub(1);
+            for (i, &end) in pending.chunk_ends.iter().enumerate() {
+                let eos = i == last && !trailers;
+                out.push(envoy::streamed_request_body(&pending.body[start..end], eos));
+                start = end;
+            }
+            if trailers {
+                out.push(envoy::continue_(Slot::RequestTrailers));
+            }
+        }
+        self.phase = Phase::Upstream(routed);
+        out
+    }
+
+    fn on_response_headers(
+        &mut self,
+        h: HttpHeaders,
+        msg: &ProcessingRequest,
+    ) -> ProcessingResponse {
+        let Phase::Upstream(routed) = &mut self.phase else {
+            // A local reply from Envoy before we routed (e.g. its own 413): nothing to observe.
+            if !matches!(self.phase, Phase::Finished) {
+                self.finish(Outcome::Cancelled);
+            }
+            return envoy::continue_(Slot::ResponseHeaders);
+        };
+        let headers = h.headers.as_ref();
+        let status = envoy::header_str(headers, ":status").and_then(|s| s.parse().ok());
+        routed
+            .observer
+            .on_headers(status, envoy::header_str(headers, "content-type"));
+        // After a retry the gateway may have used a fallback: move our accounting there.
+        let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
+            .or_else(|| envoy::served_endpoint(None, &msg.attributes));
+        if let (Some(addr), Some(ep)) = (served, &routed.endpoint) {
+            if addr != ep.address {
+                if let Some(actual) = self.router.endpoints().get(&addr).cloned() {
+                    routed.guard = Some(actual.load.begin(routed.prompt_tokens));
+                    routed.endpoint = Some(actual);
+                }
+            }
+        }
+        if let (Some(ep), Some(code)) = (&routed.endpoint, status) {
+            self.router
+                .metrics()
+                .record_upstream_status(&ep.address_str, code);
+        }
+        if h.end_of_stream {
+            self.finish(Outcome::Complete);
+        }
+        envoy::continue_(Slot::ResponseHeaders)
+    }
+
+    fn on_response_body(&mut self, b: HttpBody) -> ProcessingResponse {
+        let reply = if self.response_mode == BodySendMode::FullDuplexStreamed {
+            envoy::streamed_response_body(&b.body, b.end_of_stream)
+        } else {
+            envoy::continue_(Slot::ResponseBody)
+        };
+        match &mut self.phase {
+            Phase::Upstream(routed) => {
+                if routed.observer.on_body(&b.body, Instant::now()) {
+                    if let Some(guard) = &mut routed.guard {
+                        guard.prefill_done();
+                    }
+                }
+                if b.end_of_stream {
+                    self.finish(Outcome::Complete);
+                }
+            }
+            Phase::Finished => {}
+            _ => self.router.metrics().record_anomaly(),
+        }
+        reply
+    }
+
+    fn reject(&mut self, rejection: Rejection) -> Vec<ProcessingResponse> {
+        self.router.metrics().record_immediate(rejection.status);
+        tracing::debug!(
+            request_id = %self.request_id,
+            status = rejection.status,
+            reason = %rejection.message,
+            "rejected"
+        );
+        let retry_after = self.router.config().routing.retry_after_s;
+        self.phase = Phase::Finished;
+        self.outcome = Outcome::Immediate;
+        vec![rejection.into_response(retry_after)]
+    }
+
+    /// Ends the stream's work: drops the in-flight guard and logs the request's figures.
+    fn finish(&mut self, outcome: Outcome) {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        if let Phase::Upstream(routed) = phase {
+            if self.outcome != Outcome::Unrouted {
+                self.outcome = outcome;
+            }
+            let o = &routed.observer;
+            let usage = o.usage();
+            tracing::debug!(
+                request_id = %self.request_id,
+                endpoint = routed.endpoint.as_ref().map(|e| e.address_str.as_ref()).unwrap_or("-"),
+                status = o.status.unwrap_or(0),
+                ttft_ms = o.first_byte_at.map(|t| t.duration_since(routed.decided_at).as_secs_f64() * 1e3),
+                body_bytes = o.body_bytes,
+                prompt_tokens = usage.map(|u| u.prompt_tokens),
+                completion_tokens = usage.map(|u| u.completion_tokens),
+                cached_tokens = usage.and_then(|u| u.cached_tokens),
+                "response complete"
+            );
+            // `routed` (and its guard) drops here.
+        } else {
+            self.outcome = outcome;
+        }
+    }
+}
+
+/// Parses and decides; `Ok(None)` if the router itself failed (a bug), so the caller can fall
+/// back instead of losing the request.
+fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>, Rejection> {
+    let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let parsed: ParsedRequest<'_> = request::parse(pending.api, &pending.body)?;
+        router
+            .decide(&parsed, pending.subset.as_deref())
+            .map_err(Rejection::from)
+    }));
+    match attempt {
+        Ok(result) => result.map(Some),
+        Err(_) => {
+            tracing::error!("routing panicked; request passed to the fallback route");
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! kvrouter: a cache-aware request router for LLM inference, attached to Envoy as an external
+//! processor (ext_proc). Envoy does the proxying; kvrouter only decides where each request goes.
+//!
+//! # Layout
+//!
+//! - [`config`]: the YAML schema, defaults, validation with field paths, hot reload.
+//! - [`request`]: OpenAI body parsing (completions, chat, embeddings) with typed errors.
+//! - [`prefix`]: prompt length and (later) block hashes; raw text never leaves it.
+//! - [`discovery`]: the endpoint set, published as immutable snapshots.
+//! - [`load`]: per-endpoint in-flight accounting with RAII guards.
+//! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views.
+//! - [`router`]: the decision pipeline, shared by the gRPC server, the admin API and the CLI.
+//! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`.
+//! - [`telemetry`]: logging and Prometheus metrics.
+//! - [`sim`]: a vLLM-compatible replica simulator (used by tests and benchmarks, never by the
+//!   router).
+//! - [`cli`] / [`serve`]: the `kvrouter` binary's commands.
+
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod discovery;
+pub mod extproc;
+pub mod load;
+pub mod policy;
+pub mod prefix;
+pub mod request;
+pub mod router;
+pub mod serve;
+pub mod sim;
+pub mod telemetry;

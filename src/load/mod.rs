@@ -1,0 +1,135 @@
+//! Per-endpoint load as the router itself sees it: requests and prompt tokens in flight.
+//!
+//! Counters are atomics read without locks by the policy. They are only changed through an
+//! [`InflightGuard`], whose `Drop` releases what it took, so an error path, a client disconnect or
+//! an Envoy cancel can never leak a count.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Live load counters of one endpoint. Shared by every endpoint-set snapshot that contains the
+/// endpoint, so a config reload never resets them.
+#[derive(Debug, Default)]
+pub struct EndpointLoad {
+    in_flight_requests: AtomicU64,
+    in_flight_prefill_tokens: AtomicU64,
+    requests_total: AtomicU64,
+}
+
+/// A consistent-enough copy of an endpoint's load. Each field is read atomically; the pair may be
+/// a few nanoseconds apart, which a policy tolerates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoadSnapshot {
+    /// Requests routed here whose response has not ended.
+    pub in_flight_requests: u64,
+    /// Estimated prompt tokens of in-flight requests that have not produced a first byte yet
+    /// (still queued or prefilling).
+    pub in_flight_prefill_tokens: u64,
+    /// Requests ever routed here.
+    pub requests_total: u64,
+}
+
+impl EndpointLoad {
+    /// Reads the counters.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot {
+            in_flight_requests: self.in_flight_requests.load(Ordering::Relaxed),
+            in_flight_prefill_tokens: self.in_flight_prefill_tokens.load(Ordering::Relaxed),
+            requests_total: self.requests_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a request of `prompt_tokens` as in flight until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>, prompt_tokens: u64) -> InflightGuard {
+        self.in_flight_requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_prefill_tokens
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        InflightGuard {
+            load: Arc::clone(self),
+            prefill_tokens: prompt_tokens,
+        }
+    }
+}
+
+/// One request's share of an endpoint's load. Dropping it releases the share exactly once.
+#[derive(Debug)]
+pub struct InflightGuard {
+    load: Arc<EndpointLoad>,
+    /// Prompt tokens still counted as waiting for prefill (0 after [`Self::prefill_done`]).
+    prefill_tokens: u64,
+}
+
+impl InflightGuard {
+    /// The first response byte arrived: the prompt is prefilled, only decode remains.
+    /// Idempotent.
+    pub fn prefill_done(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill_tokens);
+        if tokens > 0 {
+            self.load
+                .in_flight_prefill_tokens
+                .fetch_sub(tokens, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this guard counts against `load`.
+    pub fn is_for(&self, load: &Arc<EndpointLoad>) -> bool {
+        Arc::ptr_eq(&self.load, load)
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.prefill_done();
+        self.load.in_flight_requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_releases_exactly_once() {
+        let load = Arc::new(EndpointLoad::default());
+        let mut a = load.begin(100);
+        let b = load.begin(50);
+        assert_eq!(
+            load.snapshot(),
+            LoadSnapshot {
+                in_flight_requests: 2,
+                in_flight_prefill_tokens: 150,
+                requests_total: 2
+            }
+        );
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!(load.snapshot().in_flight_prefill_tokens, 50);
+        assert_eq!(load.snapshot().in_flight_requests, 2);
+        drop(a);
+        drop(b);
+        let s = load.snapshot();
+        assert_eq!((s.in_flight_requests, s.in_flight_prefill_tokens), (0, 0));
+        assert_eq!(s.requests_total, 2);
+    }
+
+    #[test]
+    fn guards_across_threads_balance() {
+        let load = Arc::new(EndpointLoad::default());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for i in 0..1000 {
+                        let mut g = load.begin(i);
+                        if i % 2 == 0 {
+                            g.prefill_done();
+                        }
+                    }
+                });
+            }
+        });
+        let s = load.snapshot();
+        assert_eq!((s.in_flight_requests, s.in_flight_prefill_tokens), (0, 0));
+        assert_eq!(s.requests_total, 4000);
+    }
+}

@@ -1,0 +1,5 @@
+//! Pickers: order eligible candidates by their combined score.
+
+mod max_score;
+
+pub use max_score::{MaxScore, TieBreak};

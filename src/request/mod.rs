@@ -1,0 +1,184 @@
+//! OpenAI-style request bodies: parse what routing needs, borrow the rest, reject bad input with
+//! a message that names the field.
+//!
+//! Parsing borrows strings from the body buffer where JSON escapes allow, so a multi-megabyte
+//! prompt is not copied. Unknown fields are skipped (clients send many we do not route on).
+//! Nothing here logs: the prompt never leaves the returned value.
+
+mod body;
+
+use std::borrow::Cow;
+
+pub use body::{ChatMessage, ContentPart, PromptInput};
+
+/// Which OpenAI API a request path names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    /// `POST /v1/completions`
+    Completions,
+    /// `POST /v1/chat/completions`
+    ChatCompletions,
+    /// `POST /v1/embeddings`
+    Embeddings,
+    /// Any other path (routed by `model` when the body has one, else to any endpoint).
+    Other,
+}
+
+impl ApiKind {
+    /// Classifies a request `:path` (query string ignored).
+    pub fn from_path(path: &str) -> ApiKind {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let path = path.trim_end_matches('/');
+        match path {
+            "/v1/completions" => ApiKind::Completions,
+            "/v1/chat/completions" => ApiKind::ChatCompletions,
+            "/v1/embeddings" => ApiKind::Embeddings,
+            _ => ApiKind::Other,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiKind::Completions => "completions",
+            ApiKind::ChatCompletions => "chat",
+            ApiKind::Embeddings => "embeddings",
+            ApiKind::Other => "other",
+        }
+    }
+}
+
+/// What the prompt is, in the shape the API gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt<'a> {
+    /// A completions `prompt` or embeddings `input`.
+    Input(PromptInput<'a>),
+    /// Chat `messages`.
+    Chat(Vec<ChatMessage<'a>>),
+    /// No prompt (a request to another path).
+    None,
+}
+
+impl Prompt<'_> {
+    /// Bytes of prompt text plus 4 bytes per given token id: the size the byte-estimate token
+    /// count is based on.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Prompt::Input(input) => input.text_bytes(),
+            Prompt::Chat(messages) => messages.iter().map(ChatMessage::text_bytes).sum(),
+            Prompt::None => 0,
+        }
+    }
+}
+
+/// The fields of a request that routing uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest<'a> {
+    /// Which API.
+    pub api: ApiKind,
+    /// The `model` field: a served model name or a LoRA adapter name.
+    pub model: Cow<'a, str>,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `max_completion_tokens`, else `max_tokens`, if given.
+    pub max_tokens: Option<u64>,
+    /// vLLM's `cache_salt`: isolates this request's prefix cache from others'.
+    pub cache_salt: Option<Cow<'a, str>>,
+    /// The prompt.
+    pub prompt: Prompt<'a>,
+}
+
+/// Why a body was rejected. Shown to the client in a 400 error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Not parseable as JSON.
+    #[error("request body is not valid JSON: {0}")]
+    Json(String),
+    /// JSON, but not an object.
+    #[error("request body must be a JSON object")]
+    NotObject,
+    /// A required field is absent (or null).
+    #[error("missing required field `{0}`")]
+    Missing(&'static str),
+    /// A field has the wrong type or value.
+    #[error("invalid field `{field}`: {message}")]
+    Invalid {
+        /// Path of the field, e.g. `messages[1].content`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl RequestError {
+    /// The offending field, for the OpenAI error body's `param`.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            RequestError::Missing(field) => Some(field),
+            RequestError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// Parses the body of a request to `api`.
+///
+/// Errors name the offending field. `Other` APIs only need `model` if the body is a JSON object
+/// that has one; anything else returns `Ok` with an empty model (route to any endpoint).
+pub fn parse(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestError> {
+    let raw = match body::RawRequest::from_slice(body) {
+        Ok(raw) => raw,
+        Err(_) if api == ApiKind::Other => return Ok(unrouted(api)),
+        Err(e) => return Err(e),
+    };
+    let stream = raw.stream.unwrap_or(false);
+    let max_tokens = raw.max_completion_tokens.or(raw.max_tokens);
+    let prompt = match api {
+        ApiKind::ChatCompletions => {
+            let messages = raw.messages.ok_or(RequestError::Missing("messages"))?;
+            if messages.is_empty() {
+                return Err(RequestError::Invalid {
+                    field: "messages".into(),
+                    message: "must contain at least one message".into(),
+                });
+            }
+            Prompt::Chat(messages)
+        }
+        ApiKind::Completions => Prompt::Input(raw.prompt.ok_or(RequestError::Missing("prompt"))?),
+        ApiKind::Embeddings => Prompt::Input(raw.input.ok_or(RequestError::Missing("input"))?),
+        ApiKind::Other => Prompt::None,
+    };
+    let model = match raw.model {
+        Some(model) if model.trim().is_empty() => {
+            return Err(RequestError::Invalid {
+                field: "model".into(),
+                message: "must not be empty".into(),
+            })
+        }
+        Some(model) => model,
+        None if api == ApiKind::Other => Cow::Borrowed(""),
+        None => return Err(RequestError::Missing("model")),
+    };
+    Ok(ParsedRequest {
+        api,
+        model,
+        stream,
+        max_tokens,
+        cache_salt: raw.cache_salt,
+        prompt,
+    })
+}
+
+fn unrouted(api: ApiKind) -> ParsedRequest<'static> {
+    ParsedRequest {
+        api,
+        model: Cow::Borrowed(""),
+        stream: false,
+        max_tokens: None,
+        cache_salt: None,
+        prompt: Prompt::None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload and
+//! shutdown together.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin::Admin;
+use crate::cli::ServeArgs;
+use crate::config::{self, Config};
+use crate::router::Router;
+use crate::telemetry::{self, Metrics};
+
+/// Runs until SIGINT or SIGTERM, then drains: in-flight streams get a grace period to finish.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read {}", args.config.display()))?;
+    let mut config = Config::parse_and_validate(&text, &args.config.display().to_string())?;
+    if let Some(addr) = args.grpc_listen {
+        config.server.grpc_listen = addr;
+    }
+    if let Some(addr) = args.admin_listen {
+        config.server.admin_listen = addr;
+    }
+    telemetry::init_logging(config.server.log_format);
+
+    let grpc = TcpListener::bind(config.server.grpc_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (server.grpc_listen)",
+                config.server.grpc_listen
+            )
+        })?;
+    let admin = TcpListener::bind(config.server.admin_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (server.admin_listen)",
+                config.server.admin_listen
+            )
+        })?;
+    let grpc_addr = grpc.local_addr()?;
+    let admin_addr = admin.local_addr()?;
+
+    let server_section = config.server.clone();
+    let metrics = Arc::new(Metrics::new());
+    let router = Arc::new(Router::new(config, Arc::clone(&metrics)));
+    let ready = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let reload = (server_section.reload_interval_ms > 0).then(|| {
+        let router = Arc::clone(&router);
+        let metrics = Arc::clone(&metrics);
+        let mut server_section = server_section.clone();
+        server_section.grpc_listen = grpc_addr;
+        config::watch::spawn_poller(
+            args.config.clone(),
+            Duration::from_millis(server_section.reload_interval_ms),
+            &text,
+            move |result| match result {
+                Ok(mut new) => {
+                    metrics.record_reload(true);
+                    if new.server != server_section && args.grpc_listen.is_none() {
+                        tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
+                    }
+                    new.server = server_section.clone();
+                    let change = router.apply(new);
+                    tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
+                }
+                Err(e) => {
+                    metrics.record_reload(false);
+                    tracing::error!("config reload rejected, keeping the previous config: {e}");
+                }
+            },
+        )
+    });
+
+    let grpc_task = tokio::spawn(crate::extproc::serve(
+        Arc::clone(&router),
+        grpc,
+        server_section.max_grpc_message_bytes,
+        stopped(stop_rx.clone()),
+    ));
+    let admin_task = tokio::spawn(crate::admin::serve(
+        Admin::new(Arc::clone(&router), Arc::clone(&ready)),
+        admin,
+        stopped(stop_rx.clone()),
+    ));
+    ready.store(true, Ordering::Release);
+    // One machine-readable line on stdout so scripts and tests learn the bound ports.
+    println!(r#"{{"event":"listening","grpc":"{grpc_addr}","admin":"{admin_addr}"}}"#);
+    tracing::info!(%grpc_addr, %admin_addr, "kvrouter serving");
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    ready.store(false, Ordering::Release);
+    if let Some(task) = reload {
+        task.abort();
+    }
+    let _ = stop_tx.send(true);
+    let drain = async {
+        let _ = grpc_task.await;
+        let _ = admin_task.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("streams still open after 10 s; exiting");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

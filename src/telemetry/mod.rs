@@ -1,0 +1,314 @@
+//! Logging set-up and the router's Prometheus metrics.
+//!
+//! Metric handles are registered once; the hot path only increments them. Labels are endpoint
+//! addresses, policy names and status codes: never prompt text.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::config::LogFormat;
+use crate::discovery::EndpointSet;
+
+/// Labels of a routing decision.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// Policy name.
+    pub policy: String,
+    /// Picked endpoint, `ip:port`.
+    pub endpoint: String,
+}
+
+/// Labels carrying an HTTP status code.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// HTTP status code.
+    pub code: u16,
+}
+
+/// Labels of an upstream response.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    /// Endpoint that served it, `ip:port`.
+    pub endpoint: String,
+    /// Status class: `2xx`, `4xx`, `5xx`, ...
+    pub class: String,
+}
+
+/// Labels of one endpoint.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// `ip:port`.
+    pub endpoint: String,
+    /// Its pool.
+    pub pool: String,
+}
+
+/// Labels of an outcome.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+/// Labels of a stream's end.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamEndLabels {
+    /// `complete` (response ended), `immediate` (we answered), `cancelled` (Envoy or the client
+    /// went away first), `unrouted` (no decision was needed).
+    pub outcome: String,
+}
+
+/// Every metric the router exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    decision_seconds: Histogram,
+    immediate_responses: Family<CodeLabels, Counter>,
+    upstream_responses: Family<ResponseLabels, Counter>,
+    streams_active: Gauge,
+    stream_ends: Family<StreamEndLabels, Counter>,
+    protocol_anomalies: Counter,
+    config_reloads: Family<ResultLabels, Counter>,
+    endpoint_in_flight: Family<EndpointLabels, Gauge>,
+    endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
+    scrape_lock: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `kvrouter_` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kvrouter");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Routing decisions by policy and picked endpoint",
+            decisions.clone(),
+        );
+        // 1 us .. ~33 ms in powers of two: a decision is expected in the tens of microseconds.
+        let decision_seconds = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 16),
+        );
+        registry.register(
+            "decision_duration_seconds",
+            "Time to pick an endpoint, from parsed request to ranked endpoints",
+            decision_seconds.clone(),
+        );
+        let immediate_responses = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "immediate_responses",
+            "Requests answered by the router itself, by HTTP status code",
+            immediate_responses.clone(),
+        );
+        let upstream_responses = Family::<ResponseLabels, Counter>::default();
+        registry.register(
+            "upstream_responses",
+            "Responses from replicas seen on the response path, by endpoint and status class",
+            upstream_responses.clone(),
+        );
+        let streams_active = Gauge::default();
+        registry.register(
+            "streams_active",
+            "ext_proc streams currently open",
+            streams_active.clone(),
+        );
+        let stream_ends = Family::<StreamEndLabels, Counter>::default();
+        registry.register(
+            "streams_ended",
+            "ext_proc streams that ended, by outcome",
+            stream_ends.clone(),
+        );
+        let protocol_anomalies = Counter::default();
+        registry.register(
+            "protocol_anomalies",
+            "ext_proc messages that did not fit the stream's phase (answered with CONTINUE)",
+            protocol_anomalies.clone(),
+        );
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Config file reloads by result",
+            config_reloads.clone(),
+        );
+        let endpoint_in_flight = Family::<EndpointLabels, Gauge>::default();
+        registry.register(
+            "endpoint_in_flight_requests",
+            "Requests routed to the endpoint whose response has not ended",
+            endpoint_in_flight.clone(),
+        );
+        let endpoint_prefill_tokens = Family::<EndpointLabels, Gauge>::default();
+        registry.register(
+            "endpoint_in_flight_prefill_tokens",
+            "Estimated prompt tokens routed to the endpoint that have not produced a first byte",
+            endpoint_prefill_tokens.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            decision_seconds,
+            immediate_responses,
+            upstream_responses,
+            streams_active,
+            stream_ends,
+            protocol_anomalies,
+            config_reloads,
+            endpoint_in_flight,
+            endpoint_prefill_tokens,
+            scrape_lock: Mutex::new(()),
+        }
+    }
+
+    /// Counts a decision and its latency.
+    pub fn record_decision(&self, policy: &str, endpoint: &str, took: Duration) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                policy: policy.to_string(),
+                endpoint: endpoint.to_string(),
+            })
+            .inc();
+        self.decision_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a response the router produced itself.
+    pub fn record_immediate(&self, code: u16) {
+        self.immediate_responses
+            .get_or_create(&CodeLabels { code })
+            .inc();
+    }
+
+    /// Counts a replica's response status.
+    pub fn record_upstream_status(&self, endpoint: &str, status: u16) {
+        let class = match status {
+            100..=599 => format!("{}xx", status / 100),
+            _ => "other".to_string(),
+        };
+        self.upstream_responses
+            .get_or_create(&ResponseLabels {
+                endpoint: endpoint.to_string(),
+                class,
+            })
+            .inc();
+    }
+
+    /// A stream opened; the returned value closes it (with its outcome) when dropped.
+    pub fn stream_opened(&self) {
+        self.streams_active.inc();
+    }
+
+    /// A stream ended with `outcome`.
+    pub fn stream_closed(&self, outcome: &'static str) {
+        self.streams_active.dec();
+        self.stream_ends
+            .get_or_create(&StreamEndLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts an out-of-phase ext_proc message.
+    pub fn record_anomaly(&self) {
+        self.protocol_anomalies.inc();
+    }
+
+    /// Counts a config reload attempt.
+    pub fn record_reload(&self, ok: bool) {
+        self.config_reloads
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" }.to_string(),
+            })
+            .inc();
+    }
+
+    /// Renders every metric in the Prometheus text format, with per-endpoint gauges read from
+    /// `endpoints` at this moment.
+    pub fn render(&self, endpoints: &EndpointSet) -> String {
+        let _one_scrape_at_a_time = self.scrape_lock.lock();
+        self.endpoint_in_flight.clear();
+        self.endpoint_prefill_tokens.clear();
+        for ep in endpoints.all() {
+            let labels = EndpointLabels {
+                endpoint: ep.address_str.to_string(),
+                pool: ep.pool.to_string(),
+            };
+            let load = ep.load.snapshot();
+            self.endpoint_in_flight
+                .get_or_create(&labels)
+                .set(load.in_flight_requests as i64);
+            self.endpoint_prefill_tokens
+                .get_or_create(&labels)
+                .set(load.in_flight_prefill_tokens as i64);
+        }
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Installs the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
+/// Calling it twice is harmless.
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ResolvedEndpoint;
+    use crate::discovery::Registry as Endpoints;
+
+    #[test]
+    fn renders_prometheus_text_with_live_endpoint_gauges() {
+        let m = Metrics::new();
+        m.record_decision("least-loaded", "127.0.0.1:1", Duration::from_micros(20));
+        m.record_immediate(404);
+        m.record_upstream_status("127.0.0.1:1", 503);
+        let endpoints = Endpoints::new(&[ResolvedEndpoint {
+            address: "127.0.0.1:1".parse().unwrap(),
+            pool: "p".into(),
+            models: vec!["m".into()],
+            adapters: vec![],
+            weight: 1.0,
+            max_in_flight: None,
+        }]);
+        let set = endpoints.snapshot();
+        let guard = set.all()[0].load.begin(7);
+        let text = m.render(&set);
+        for needle in [
+            "kvrouter_decisions_total{policy=\"least-loaded\",endpoint=\"127.0.0.1:1\"} 1",
+            "kvrouter_immediate_responses_total{code=\"404\"} 1",
+            "kvrouter_upstream_responses_total{endpoint=\"127.0.0.1:1\",class=\"5xx\"} 1",
+            "kvrouter_endpoint_in_flight_requests{endpoint=\"127.0.0.1:1\",pool=\"p\"} 1",
+            "kvrouter_endpoint_in_flight_prefill_tokens{endpoint=\"127.0.0.1:1\",pool=\"p\"} 7",
+            "kvrouter_decision_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        drop(guard);
+        let text = m.render(&set);
+        assert!(text.contains(
+            "kvrouter_endpoint_in_flight_requests{endpoint=\"127.0.0.1:1\",pool=\"p\"} 0"
+        ));
+    }
+}
