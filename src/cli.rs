@@ -27,6 +27,40 @@ pub enum Command {
         /// The YAML config file.
         file: PathBuf,
     },
+    /// Print an Envoy 1.40 bootstrap config that attaches kvrouter (see docs/envoy.md).
+    EnvoyConfig(EnvoyArgs),
+}
+
+/// Arguments of `kvrouter envoy-config`.
+#[derive(Debug, clap::Args)]
+pub struct EnvoyArgs {
+    /// Envoy's client-facing listener.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Envoy's admin address.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    pub admin: SocketAddr,
+    /// kvrouter's ext_proc gRPC address.
+    #[arg(long, default_value = "127.0.0.1:9002")]
+    pub extproc: SocketAddr,
+    /// A replica address for a static replica cluster (repeatable). Ignored with --eds.
+    #[arg(long = "replica", default_values_t = ["127.0.0.1:8001".parse::<SocketAddr>().unwrap(), "127.0.0.1:8002".parse().unwrap(), "127.0.0.1:8003".parse().unwrap(), "127.0.0.1:8004".parse().unwrap()])]
+    pub replicas: Vec<SocketAddr>,
+    /// Read replicas from this EDS file, which kvrouter keeps current (`envoy.eds_path`).
+    #[arg(long)]
+    pub eds: Option<PathBuf>,
+    /// How the picked replica is reached.
+    #[arg(long, value_enum, default_value = "override-host")]
+    pub cluster: crate::envoyconf::ClusterStyle,
+    /// How Envoy hands the request body to kvrouter.
+    #[arg(long, value_enum, default_value = "buffered")]
+    pub body_mode: crate::envoyconf::BodyMode,
+    /// The destination header (routing.destination_header).
+    #[arg(long, default_value = "x-gateway-destination-endpoint")]
+    pub destination_header: String,
+    /// Largest request body, in bytes (match routing.max_body_bytes).
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_body_bytes: u64,
 }
 
 /// Arguments of `kvrouter serve`.
@@ -48,6 +82,23 @@ pub struct ServeArgs {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::EnvoyConfig(a) => {
+            let options = crate::envoyconf::EnvoyOptions {
+                listen: a.listen,
+                admin: a.admin,
+                extproc: a.extproc,
+                replicas: match a.eds {
+                    Some(path) => crate::envoyconf::Replicas::EdsFile(path),
+                    None => crate::envoyconf::Replicas::Static(a.replicas),
+                },
+                cluster: a.cluster,
+                body_mode: a.body_mode,
+                destination_header: a.destination_header,
+                max_body_bytes: a.max_body_bytes,
+            };
+            print!("{}", crate::envoyconf::render(&options));
+            ExitCode::SUCCESS
+        }
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

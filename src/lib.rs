@@ -11,6 +11,7 @@
 //! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views.
 //! - [`router`]: the decision pipeline, shared by the gRPC server, the admin API and the CLI.
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building.
+//! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`.
 //! - [`telemetry`]: logging and Prometheus metrics.
 //! - [`sim`]: a vLLM-compatible replica simulator (used by tests and benchmarks, never by the
@@ -23,6 +24,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod discovery;
+pub mod envoyconf;
 pub mod extproc;
 pub mod load;
 pub mod policy;

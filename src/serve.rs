@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::cli::ServeArgs;
 use crate::config::{self, Config};
+use crate::extproc::inflight::InflightTable;
 use crate::router::Router;
 use crate::telemetry::{self, Metrics};
 
@@ -83,8 +84,38 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
 
+    if router.config().envoy.eds_path.is_some() {
+        // Written before we report ready, so an Envoy started after us finds the file.
+        write_eds(&router);
+        let router = Arc::clone(&router);
+        let mut versions = router.subscribe_endpoints();
+        tokio::spawn(async move {
+            while versions.changed().await.is_ok() {
+                write_eds(&router);
+            }
+        });
+    }
+    let table = Arc::new(InflightTable::default());
+    let sweeper = {
+        let table = Arc::clone(&table);
+        let max_age = Duration::from_secs(server_section.max_request_duration_s);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                let released = table.sweep(max_age);
+                if released > 0 {
+                    tracing::warn!(
+                        released,
+                        "released in-flight records whose response was never seen"
+                    );
+                }
+            }
+        })
+    };
     let grpc_task = tokio::spawn(crate::extproc::serve(
         Arc::clone(&router),
+        Arc::clone(&table),
         grpc,
         server_section.max_grpc_message_bytes,
         stopped(stop_rx.clone()),
@@ -105,6 +136,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(task) = reload {
         task.abort();
     }
+    sweeper.abort();
     let _ = stop_tx.send(true);
     let drain = async {
         let _ = grpc_task.await;
@@ -117,6 +149,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!("streams still open after 10 s; exiting");
     }
     Ok(())
+}
+
+fn write_eds(router: &Router) {
+    let Some(path) = router.config().envoy.eds_path.clone() else {
+        return;
+    };
+    let set = router.endpoints();
+    let addrs: Vec<_> = set.all().iter().map(|e| e.address).collect();
+    match crate::envoyconf::write_eds(&path, set.version, &addrs) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), endpoints = addrs.len(), "wrote Envoy EDS file")
+        }
+        Err(e) => tracing::error!(path = %path.display(), "cannot write Envoy EDS file: {e}"),
+    }
 }
 
 async fn shutdown_signal() {

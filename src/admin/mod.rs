@@ -71,6 +71,7 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
                 "adapters": ep.adapters,
                 "weight": ep.weight,
                 "max_in_flight": ep.max_in_flight,
+                "draining": ep.draining,
                 "load": ep.load.snapshot(),
             })
         })

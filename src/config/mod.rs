@@ -32,6 +32,18 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     /// Groups of model replicas. At least one endpoint must be configured in total.
     pub pools: Vec<PoolConfig>,
+    /// What kvrouter tells a standalone Envoy directly.
+    pub envoy: EnvoyConfig,
+}
+
+/// Outputs for a standalone Envoy (a gateway with its own endpoint discovery needs none).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvoyConfig {
+    /// If set, kvrouter writes its endpoint set to this file as an EDS DiscoveryResponse (JSON)
+    /// at start-up and on every change, atomically; point the replica cluster's
+    /// `path_config_source` at it (see `kvrouter envoy-config --eds`). Default: not written.
+    pub eds_path: Option<std::path::PathBuf>,
 }
 
 /// Listen addresses and server-level limits.
@@ -51,6 +63,10 @@ pub struct ServerConfig {
     pub max_grpc_message_bytes: usize,
     /// Log format: `text` or `json`. Default `text`.
     pub log_format: LogFormat,
+    /// Longest a request may run before its in-flight accounting is released even if its
+    /// response end was never seen (e.g. Envoy's observer filter is missing), in seconds.
+    /// Default 900.
+    pub max_request_duration_s: u64,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +77,7 @@ impl Default for ServerConfig {
             reload_interval_ms: 1000,
             max_grpc_message_bytes: 64 << 20,
             log_format: LogFormat::Text,
+            max_request_duration_s: 900,
         }
     }
 }
@@ -198,6 +215,9 @@ pub struct EndpointConfig {
     /// Most concurrent requests the router sends it; at the limit it counts as saturated.
     /// Default: no limit.
     pub max_in_flight: Option<u32>,
+    /// Take the endpoint out of rotation: no new requests, in-flight ones finish (for
+    /// maintenance). Default false.
+    pub drain: bool,
 }
 
 impl Default for EndpointConfig {
@@ -208,6 +228,7 @@ impl Default for EndpointConfig {
             adapters: Vec::new(),
             weight: 1.0,
             max_in_flight: None,
+            drain: false,
         }
     }
 }
@@ -307,6 +328,7 @@ impl Config {
                     adapters,
                     weight: ep.weight,
                     max_in_flight: ep.max_in_flight,
+                    drain: ep.drain,
                 });
             }
         }
@@ -329,4 +351,6 @@ pub struct ResolvedEndpoint {
     pub weight: f64,
     /// Concurrency limit, if any.
     pub max_in_flight: Option<u32>,
+    /// Out of rotation for new requests.
+    pub drain: bool,
 }

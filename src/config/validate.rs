@@ -64,6 +64,18 @@ impl Config {
             errors.push("server.admin_listen", "must differ from server.grpc_listen");
         }
 
+        if self.server.max_request_duration_s == 0 {
+            errors.push("server.max_request_duration_s", "must be > 0");
+        }
+        if self
+            .envoy
+            .eds_path
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty() || p.file_name().is_none())
+        {
+            errors.push("envoy.eds_path", "must name a file");
+        }
+
         let header = &self.routing.destination_header;
         if !is_header_name(header) {
             errors.push(

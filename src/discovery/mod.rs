@@ -32,6 +32,8 @@ pub struct Endpoint {
     pub weight: f64,
     /// Concurrency limit from config, if any.
     pub max_in_flight: Option<u32>,
+    /// Out of rotation for new requests (config `drain`).
+    pub draining: bool,
     /// Live load counters, carried across snapshots.
     pub load: Arc<EndpointLoad>,
 }
@@ -110,6 +112,7 @@ impl EndpointSet {
                 adapters: spec.adapters.clone(),
                 weight: spec.weight,
                 max_in_flight: spec.max_in_flight,
+                draining: spec.drain,
                 load,
             }));
             set.by_address.insert(spec.address, i);
@@ -134,10 +137,21 @@ pub struct SetChange {
 }
 
 /// Holds the current [`EndpointSet`] and publishes new ones.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     current: ArcSwap<EndpointSet>,
     publish_lock: parking_lot::Mutex<()>,
+    versions: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            current: ArcSwap::default(),
+            publish_lock: parking_lot::Mutex::new(()),
+            versions: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Registry {
@@ -151,6 +165,11 @@ impl Registry {
     /// The current snapshot. Never blocks.
     pub fn snapshot(&self) -> Arc<EndpointSet> {
         self.current.load_full()
+    }
+
+    /// Notified with the new version after every publish.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.versions.subscribe()
     }
 
     /// Replaces the endpoint set, keeping the live state of endpoints that remain.
@@ -168,7 +187,9 @@ impl Registry {
         };
         change.added.sort_unstable();
         change.removed.sort_unstable();
+        let version = next.version;
         self.current.store(Arc::new(next));
+        self.versions.send_replace(version);
         change
     }
 }
@@ -185,6 +206,7 @@ mod tests {
             adapters: adapters.iter().map(|s| s.to_string()).collect(),
             weight: 1.0,
             max_in_flight: None,
+            drain: false,
         }
     }
 

@@ -22,6 +22,10 @@ pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 /// Key a gateway reports the endpoint it actually used under, in [`LB_NAMESPACE`].
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// Our own metadata namespace: carries the pick id from the picker to the observer stream.
+pub const KVROUTER_NAMESPACE: &str = "kvrouter";
+/// Key of the pick id inside [`KVROUTER_NAMESPACE`].
+pub const PICK_KEY: &str = "pick";
 
 /// Which response slot of the protocol a reply fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +73,8 @@ pub fn continue_(slot: Slot) -> ProcessingResponse {
 /// Routes the request: sets `header` to `destination` (overwriting whatever the client sent),
 /// writes the same value into `envoy.lb` metadata, and clears the route cache so the route is
 /// picked again with the header present. `slot` is `RequestHeaders` (no body, or full-duplex
-/// streaming) or `RequestBody` (buffered).
-pub fn route(slot: Slot, header: &str, destination: &str) -> ProcessingResponse {
+/// streaming) or `RequestBody` (buffered). `pick` goes into `kvrouter` metadata for the observer.
+pub fn route(slot: Slot, header: &str, destination: &str, pick: u64) -> ProcessingResponse {
     let common = CommonResponse {
         header_mutation: Some(HeaderMutation {
             set_headers: vec![header_option(header, destination)],
@@ -82,17 +86,42 @@ pub fn route(slot: Slot, header: &str, destination: &str) -> ProcessingResponse 
     let lb = Struct {
         fields: HashMap::from([(header.to_string(), string_value(destination))]),
     };
+    let ours = Struct {
+        fields: HashMap::from([(PICK_KEY.to_string(), string_value(&pick.to_string()))]),
+    };
     ProcessingResponse {
         response: Some(wrap(slot, common)),
         dynamic_metadata: Some(Struct {
-            fields: HashMap::from([(
-                LB_NAMESPACE.to_string(),
-                Value {
-                    kind: Some(Kind::StructValue(lb)),
-                },
-            )]),
+            fields: HashMap::from([
+                (
+                    LB_NAMESPACE.to_string(),
+                    Value {
+                        kind: Some(Kind::StructValue(lb)),
+                    },
+                ),
+                (
+                    KVROUTER_NAMESPACE.to_string(),
+                    Value {
+                        kind: Some(Kind::StructValue(ours)),
+                    },
+                ),
+            ]),
         }),
         ..Default::default()
+    }
+}
+
+/// The pick id the picker wrote, as forwarded to an observer stream.
+pub fn pick_id(metadata: Option<&Metadata>) -> Option<u64> {
+    let value = metadata?
+        .filter_metadata
+        .get(KVROUTER_NAMESPACE)?
+        .fields
+        .get(PICK_KEY)?;
+    match &value.kind {
+        Some(Kind::StringValue(s)) => s.parse().ok(),
+        Some(Kind::NumberValue(n)) => Some(*n as u64),
+        _ => None,
     }
 }
 
@@ -232,7 +261,7 @@ mod tests {
 
     #[test]
     fn route_sets_raw_value_overwrite_metadata_and_clears_cache() {
-        let r = route(Slot::RequestBody, "x-dest", "10.0.0.1:80,10.0.0.2:80");
+        let r = route(Slot::RequestBody, "x-dest", "10.0.0.1:80,10.0.0.2:80", 42);
         let Some(processing_response::Response::RequestBody(body)) = &r.response else {
             panic!("wrong slot: {r:?}")
         };
@@ -255,6 +284,20 @@ mod tests {
             lb.fields["x-dest"].kind,
             Some(Kind::StringValue("10.0.0.1:80,10.0.0.2:80".into()))
         );
+        // The observer reads the pick id back from forwarded metadata.
+        let forwarded = Metadata {
+            filter_metadata: md
+                .fields
+                .iter()
+                .filter_map(|(k, v)| match &v.kind {
+                    Some(Kind::StructValue(s)) => Some((k.clone(), s.clone())),
+                    _ => None,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(pick_id(Some(&forwarded)), Some(42));
+        assert_eq!(pick_id(None), None);
     }
 
     #[test]

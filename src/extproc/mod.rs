@@ -2,6 +2,7 @@
 //! and forwards its replies. Errors become Envoy responses here and nowhere else.
 
 mod envoy;
+pub mod inflight;
 mod observe;
 mod reject;
 pub mod stream;
@@ -21,6 +22,8 @@ use tonic::{Request, Response, Status, Streaming};
 pub use observe::Usage;
 
 use crate::router::Router;
+use crate::telemetry::Metrics;
+use inflight::InflightTable;
 
 /// Replies buffered per stream before the stream task waits for Envoy to read them. A full
 /// duplex body echo sends one reply per received chunk, so this only bounds memory.
@@ -30,12 +33,14 @@ const REPLY_BUFFER: usize = 32;
 #[derive(Debug, Clone)]
 pub struct ExtProc {
     router: Arc<Router>,
+    table: Arc<InflightTable>,
 }
 
 impl ExtProc {
-    /// A service routing with `router`.
-    pub fn new(router: Arc<Router>) -> ExtProc {
-        ExtProc { router }
+    /// A service routing with `router`, parking routed requests in `table` until their
+    /// response ends.
+    pub fn new(router: Arc<Router>, table: Arc<InflightTable>) -> ExtProc {
+        ExtProc { router, table }
     }
 
     /// The tonic service, accepting messages up to `max_message_bytes` (a BUFFERED body arrives
@@ -59,7 +64,13 @@ impl ExternalProcessor for ExtProc {
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
-        tokio::spawn(drive(Arc::clone(&self.router), inbound, tx));
+        let stream = stream::Stream::new(Arc::clone(&self.router), Arc::clone(&self.table));
+        tokio::spawn(drive(
+            Arc::clone(self.router.metrics()),
+            stream,
+            inbound,
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -67,13 +78,12 @@ impl ExternalProcessor for ExtProc {
 /// Runs one stream to its end. Envoy resetting the stream at the end of a request is normal and
 /// simply ends the loop; the stream state's drop releases anything still held.
 async fn drive(
-    router: Arc<Router>,
+    metrics: Arc<Metrics>,
+    mut stream: stream::Stream,
     mut inbound: Streaming<ProcessingRequest>,
     tx: mpsc::Sender<Result<ProcessingResponse, Status>>,
 ) {
-    let metrics = Arc::clone(router.metrics());
     metrics.stream_opened();
-    let mut stream = stream::Stream::new(router);
     'messages: loop {
         let msg = tokio::select! {
             msg = inbound.message() => msg,
@@ -101,6 +111,7 @@ async fn drive(
 /// Serves the ext_proc service on `listener` until `shutdown` resolves.
 pub async fn serve(
     router: Arc<Router>,
+    table: Arc<InflightTable>,
     listener: tokio::net::TcpListener,
     max_message_bytes: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -108,7 +119,7 @@ pub async fn serve(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .add_service(ExtProc::new(router).into_server(max_message_bytes))
+        .add_service(ExtProc::new(router, table).into_server(max_message_bytes))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

@@ -1,22 +1,28 @@
-//! One ext_proc stream (one HTTP request) as a typed sequence of phases:
+//! One ext_proc stream as a typed sequence of phases.
+//!
+//! A stream is either a *picker* (it starts with request headers) or an *observer* (it starts
+//! with response headers: Envoy's second, observability-mode filter). A picker may also see the
+//! response itself when Envoy is configured with a single filter.
 //!
 //! ```text
-//! Start --request headers--> RequestBody --body end / trailers--> Upstream --response end--> Finished
-//!   \--(no body)-----------------------------------------------> Upstream
-//!   any phase --immediate response / stream gone--> Finished
+//! picker:   Start --headers--> RequestBody --body end / trailers--> Picked --(response)--> Responding --end--> Finished
+//!             \--(no body)--------------------------------------> Picked
+//! observer: Start --response headers--> Responding --end--> Finished
+//! any phase --immediate response--> Finished
 //! ```
 //!
 //! The body modes differ only in when the routing decision is written back:
 //! - `FULL_DUPLEX_STREAMED`: Envoy streams body chunks while it waits for the headers response,
-//!   and picks the upstream host right after it. So the headers response is held until the body
-//!   has ended, then sent with the destination, followed by every chunk echoed back in order.
+//!   and picks the upstream host right after it. The headers response is held until the body has
+//!   ended, then sent with the destination, followed by every chunk echoed back in order.
 //! - `BUFFERED`: the headers get an immediate CONTINUE; the whole body arrives in one message and
-//!   its response carries the destination.
-//! - `STREAMED` / `NONE`: the host is picked before the body is seen, so the request is not
-//!   routed here (CONTINUE everywhere); Envoy's fallback route serves it. Logged once.
+//!   the reply to it carries the destination.
+//! - `STREAMED` / `NONE` / `GRPC`: the host is picked before the body is seen, so the request is
+//!   not routed here (CONTINUE everywhere); Envoy's fallback serves it. Logged once.
 //!
-//! The in-flight guard lives in the `Upstream` phase: whatever ends the stream (response end,
-//! client disconnect, Envoy reset, a bug) drops it exactly once.
+//! A routed request's in-flight guard is parked in the [`InflightTable`] under a pick id that is
+//! also written to `kvrouter` dynamic metadata; whichever stream sees the response claims it, and
+//! dropping it (response end, stream gone) releases the endpoint's load exactly once.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,11 +35,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 
 use super::envoy::{self, Slot};
+use super::inflight::{InflightTable, Tracked};
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
-use crate::discovery::Endpoint;
-use crate::load::InflightGuard;
-use crate::request::{self, ApiKind, ParsedRequest};
+use crate::request::{self, ApiKind};
 use crate::router::{Decision, Router};
 
 /// Bodies larger than this are parsed on the blocking pool, so a huge prompt cannot stall the
@@ -43,14 +48,16 @@ const INLINE_PARSE_MAX_BYTES: usize = 256 * 1024;
 /// How a stream ended, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// The response ended normally.
+    /// A picker stream routed its request and ended (the response is observed elsewhere).
+    Routed,
+    /// A response was seen to its end.
     Complete,
     /// We answered with an immediate response.
     Immediate,
-    /// The request was not routed by us (body mode without a body to route on, or an internal
-    /// fault); Envoy's fallback route served it.
+    /// The request was not routed by us (a body mode without a body to route on, or an internal
+    /// fault); Envoy's fallback served it.
     Unrouted,
-    /// The stream ended before the response did (client gone, Envoy reset, upstream failure).
+    /// The stream ended before it was done (client gone, Envoy reset, upstream failure).
     Cancelled,
 }
 
@@ -58,6 +65,7 @@ impl Outcome {
     /// Metric label.
     pub fn as_str(self) -> &'static str {
         match self {
+            Outcome::Routed => "routed",
             Outcome::Complete => "complete",
             Outcome::Immediate => "immediate",
             Outcome::Unrouted => "unrouted",
@@ -75,51 +83,32 @@ struct Pending {
     chunk_ends: Vec<usize>,
 }
 
-/// A request on its way to (or back from) a replica.
-struct Routed {
-    /// Our share of the endpoint's load; `None` when we did not route the request.
-    guard: Option<InflightGuard>,
-    endpoint: Option<Arc<Endpoint>>,
-    prompt_tokens: u64,
-    decided_at: Instant,
+/// A response being watched; owns the request's in-flight record if it was routed by us.
+struct Responding {
+    tracked: Option<Tracked>,
     observer: ResponseObserver,
-}
-
-impl Routed {
-    fn unrouted() -> Routed {
-        Routed {
-            guard: None,
-            endpoint: None,
-            prompt_tokens: 0,
-            decided_at: Instant::now(),
-            observer: ResponseObserver::default(),
-        }
-    }
-
-    fn from_decision(d: Decision) -> Routed {
-        Routed {
-            endpoint: Some(Arc::clone(d.primary())),
-            guard: Some(d.guard),
-            prompt_tokens: d.prompt_tokens,
-            decided_at: Instant::now(),
-            observer: ResponseObserver::default(),
-        }
-    }
 }
 
 enum Phase {
     Start,
     RequestBody(Pending),
-    Upstream(Routed),
+    /// Routed (`id` names the parked record) or passed through unrouted (`None`).
+    Picked {
+        id: Option<u64>,
+    },
+    Responding(Responding),
     Finished,
 }
 
 /// The state of one ext_proc stream.
 pub struct Stream {
     router: Arc<Router>,
+    table: Arc<InflightTable>,
     phase: Phase,
     request_mode: BodySendMode,
     response_mode: BodySendMode,
+    /// Envoy's observability mode: it ignores replies, so none are sent.
+    observe_only: bool,
     request_id: String,
     outcome: Outcome,
 }
@@ -127,15 +116,17 @@ pub struct Stream {
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
 
 impl Stream {
-    /// A new stream routed by `router`.
-    pub fn new(router: Arc<Router>) -> Stream {
+    /// A new stream routed by `router`, parking in-flight records in `table`.
+    pub fn new(router: Arc<Router>, table: Arc<InflightTable>) -> Stream {
         Stream {
             router,
+            table,
             phase: Phase::Start,
             // Until Envoy says otherwise (protocol_config on the first message), assume the
             // mode that works with every message order.
             request_mode: BodySendMode::Buffered,
             response_mode: BodySendMode::None,
+            observe_only: false,
             request_id: String::new(),
             outcome: Outcome::Cancelled,
         }
@@ -145,13 +136,10 @@ impl Stream {
     pub fn outcome(&self) -> Outcome {
         match self.phase {
             Phase::Finished => self.outcome,
+            Phase::Picked { id: Some(_) } => Outcome::Routed,
+            Phase::Picked { id: None } => Outcome::Unrouted,
             _ => Outcome::Cancelled,
         }
-    }
-
-    /// True once nothing more is expected.
-    pub fn is_finished(&self) -> bool {
-        matches!(self.phase, Phase::Finished)
     }
 
     /// Handles one message from Envoy; returns the replies to send, in order.
@@ -162,11 +150,12 @@ impl Stream {
             self.response_mode =
                 BodySendMode::try_from(pc.response_body_mode).unwrap_or(BodySendMode::None);
         }
+        self.observe_only |= msg.observability_mode;
         let Some(request) = msg.request.take() else {
             self.router.metrics().record_anomaly();
             return Vec::new();
         };
-        match request {
+        let replies = match request {
             Request::RequestHeaders(h) => self.on_request_headers(h, &msg).await,
             Request::RequestBody(b) => self.on_request_body(b).await,
             Request::RequestTrailers(_) => self.on_request_trailers().await,
@@ -176,6 +165,11 @@ impl Stream {
                 self.finish(Outcome::Complete);
                 vec![envoy::continue_(Slot::ResponseTrailers)]
             }
+        };
+        if self.observe_only {
+            Vec::new()
+        } else {
+            replies
         }
     }
 
@@ -200,7 +194,7 @@ impl Stream {
             chunk_ends: Vec::new(),
         };
         if h.end_of_stream {
-            // No body (GET /v1/models, /health): any endpoint will do.
+            // No body (GET /v1/models, /health): any endpoint serving anything will do.
             return self.decide(pending, Slot::RequestHeaders, false).await;
         }
         match self.request_mode {
@@ -217,12 +211,11 @@ impl Stream {
                     tracing::warn!(
                         mode = ?self.request_mode,
                         "Envoy sends request bodies in a mode that picks the host before the \
-                         body is seen; requests are left to Envoy's fallback route. Use \
+                         body is seen; requests are left to Envoy's fallback. Use \
                          FULL_DUPLEX_STREAMED or BUFFERED."
                     );
                 }
-                self.phase = Phase::Upstream(Routed::unrouted());
-                self.outcome = Outcome::Unrouted;
+                self.phase = Phase::Picked { id: None };
                 vec![envoy::continue_(Slot::RequestHeaders)]
             }
         }
@@ -232,8 +225,8 @@ impl Stream {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
         let pending = match &mut self.phase {
             Phase::RequestBody(p) => p,
-            Phase::Upstream(_) => {
-                // STREAMED / unrouted: chunks pass through.
+            Phase::Picked { id: None } => {
+                // Unrouted: chunks pass through.
                 return vec![if full_duplex {
                     envoy::streamed_request_body(&b.body, b.end_of_stream)
                 } else {
@@ -299,7 +292,7 @@ impl Stream {
             .await;
             match joined {
                 Ok(pair) => pair,
-                // The blocking pool is shutting down; the body is gone with the task.
+                // The runtime is shutting down; the body went with the task.
                 Err(_) => return self.reject(Rejection::internal()),
             }
         } else {
@@ -308,29 +301,30 @@ impl Stream {
         };
 
         let mut out = Vec::with_capacity(pending.chunk_ends.len() + 2);
-        let routed = match result {
+        match result {
             Ok(Some(decision)) => {
+                let id = self.table.next_id();
                 let header = &self.router.config().routing.destination_header;
-                out.push(envoy::route(slot, header, &decision.destination));
+                out.push(envoy::route(slot, header, &decision.destination, id));
                 tracing::debug!(
                     request_id = %self.request_id,
+                    pick = id,
                     api = pending.api.as_str(),
                     endpoint = %decision.primary().address_str,
                     policy = decision.policy,
                     prompt_tokens = decision.prompt_tokens,
                     "routed"
                 );
-                self.outcome = Outcome::Complete;
-                Routed::from_decision(decision)
+                self.table.insert(id, tracked(decision));
+                self.phase = Phase::Picked { id: Some(id) };
             }
             Ok(None) => {
-                // Internal fault: degrade to Envoy's fallback route rather than fail.
+                // Internal fault: degrade to Envoy's fallback rather than fail the request.
                 out.push(envoy::continue_(slot));
-                self.outcome = Outcome::Unrouted;
-                Routed::unrouted()
+                self.phase = Phase::Picked { id: None };
             }
             Err(rejection) => return self.reject(rejection),
-        };
+        }
         if slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed {
             let mut start = 0;
             let last = pending.chunk_ends.len().saturating_sub(1);
@@ -343,7 +337,6 @@ impl Stream {
                 out.push(envoy::continue_(Slot::RequestTrailers));
             }
         }
-        self.phase = Phase::Upstream(routed);
         out
     }
 
@@ -352,34 +345,52 @@ impl Stream {
         h: HttpHeaders,
         msg: &ProcessingRequest,
     ) -> ProcessingResponse {
-        let Phase::Upstream(routed) = &mut self.phase else {
-            // A local reply from Envoy before we routed (e.g. its own 413): nothing to observe.
-            if !matches!(self.phase, Phase::Finished) {
-                self.finish(Outcome::Cancelled);
+        let tracked = match std::mem::replace(&mut self.phase, Phase::Finished) {
+            // The picker sees the response too (single-filter set-up).
+            Phase::Picked { id } => id.and_then(|id| self.table.take(id)),
+            // An observer stream: claim the record the picker parked.
+            Phase::Start => {
+                envoy::pick_id(msg.metadata_context.as_ref()).and_then(|id| self.table.claim(id))
             }
-            return envoy::continue_(Slot::ResponseHeaders);
+            // A local reply from Envoy before we routed (e.g. its own 413): nothing to watch.
+            Phase::RequestBody(_) => {
+                self.outcome = Outcome::Cancelled;
+                return envoy::continue_(Slot::ResponseHeaders);
+            }
+            other => {
+                self.phase = other;
+                self.router.metrics().record_anomaly();
+                return envoy::continue_(Slot::ResponseHeaders);
+            }
+        };
+        let mut r = Responding {
+            tracked,
+            observer: ResponseObserver::default(),
         };
         let headers = h.headers.as_ref();
         let status = envoy::header_str(headers, ":status").and_then(|s| s.parse().ok());
-        routed
-            .observer
+        r.observer
             .on_headers(status, envoy::header_str(headers, "content-type"));
-        // After a retry the gateway may have used a fallback: move our accounting there.
         let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
             .or_else(|| envoy::served_endpoint(None, &msg.attributes));
-        if let (Some(addr), Some(ep)) = (served, &routed.endpoint) {
-            if addr != ep.address {
+        if let (Some(addr), Some(t)) = (served, &mut r.tracked) {
+            // A retry moved the request to a fallback: move its load there too.
+            if addr != t.endpoint.address {
                 if let Some(actual) = self.router.endpoints().get(&addr).cloned() {
-                    routed.guard = Some(actual.load.begin(routed.prompt_tokens));
-                    routed.endpoint = Some(actual);
+                    t.guard = actual.load.begin(t.prompt_tokens);
+                    t.endpoint = actual;
                 }
             }
         }
-        if let (Some(ep), Some(code)) = (&routed.endpoint, status) {
-            self.router
-                .metrics()
-                .record_upstream_status(&ep.address_str, code);
+        let endpoint = r
+            .tracked
+            .as_ref()
+            .map(|t| t.endpoint.address_str.to_string())
+            .or_else(|| served.map(|a| a.to_string()));
+        if let (Some(ep), Some(code)) = (endpoint, status) {
+            self.router.metrics().record_upstream_status(&ep, code);
         }
+        self.phase = Phase::Responding(r);
         if h.end_of_stream {
             self.finish(Outcome::Complete);
         }
@@ -393,10 +404,10 @@ impl Stream {
             envoy::continue_(Slot::ResponseBody)
         };
         match &mut self.phase {
-            Phase::Upstream(routed) => {
-                if routed.observer.on_body(&b.body, Instant::now()) {
-                    if let Some(guard) = &mut routed.guard {
-                        guard.prefill_done();
+            Phase::Responding(r) => {
+                if r.observer.on_body(&b.body, Instant::now()) {
+                    if let Some(t) = &mut r.tracked {
+                        t.guard.prefill_done();
                     }
                 }
                 if b.end_of_stream {
@@ -423,30 +434,48 @@ impl Stream {
         vec![rejection.into_response(retry_after)]
     }
 
-    /// Ends the stream's work: drops the in-flight guard and logs the request's figures.
+    /// Ends the response: drops the in-flight record and logs the request's figures.
     fn finish(&mut self, outcome: Outcome) {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        if let Phase::Upstream(routed) = phase {
-            if self.outcome != Outcome::Unrouted {
-                self.outcome = outcome;
-            }
-            let o = &routed.observer;
+        self.outcome = outcome;
+        if let Phase::Responding(r) = phase {
+            let o = &r.observer;
             let usage = o.usage();
+            let decided_at = r.tracked.as_ref().map(|t| t.decided_at);
             tracing::debug!(
                 request_id = %self.request_id,
-                endpoint = routed.endpoint.as_ref().map(|e| e.address_str.as_ref()).unwrap_or("-"),
+                endpoint = r.tracked.as_ref().map(|t| t.endpoint.address_str.as_ref()).unwrap_or("-"),
                 status = o.status.unwrap_or(0),
-                ttft_ms = o.first_byte_at.map(|t| t.duration_since(routed.decided_at).as_secs_f64() * 1e3),
+                ttft_ms = decided_at.zip(o.first_byte_at).map(|(d, f)| f.duration_since(d).as_secs_f64() * 1e3),
                 body_bytes = o.body_bytes,
                 prompt_tokens = usage.map(|u| u.prompt_tokens),
                 completion_tokens = usage.map(|u| u.completion_tokens),
                 cached_tokens = usage.and_then(|u| u.cached_tokens),
                 "response complete"
             );
-            // `routed` (and its guard) drops here.
-        } else {
-            self.outcome = outcome;
+            // `r` (and the in-flight guard in it) drops here.
         }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // A picker whose stream ends before the response: leave the record for the observer
+        // stream if observers are in use, else release it now (nothing else would).
+        if let Phase::Picked { id: Some(id) } = self.phase {
+            if !self.table.observers_active() {
+                drop(self.table.take(id));
+            }
+        }
+    }
+}
+
+fn tracked(d: Decision) -> Tracked {
+    Tracked {
+        endpoint: Arc::clone(d.primary()),
+        prompt_tokens: d.prompt_tokens,
+        decided_at: Instant::now(),
+        guard: d.guard,
     }
 }
 
@@ -454,7 +483,7 @@ impl Stream {
 /// back instead of losing the request.
 fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>, Rejection> {
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let parsed: ParsedRequest<'_> = request::parse(pending.api, &pending.body)?;
+        let parsed = request::parse(pending.api, &pending.body)?;
         router
             .decide(&parsed, pending.subset.as_deref())
             .map_err(Rejection::from)
@@ -462,7 +491,7 @@ fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>
     match attempt {
         Ok(result) => result.map(Some),
         Err(_) => {
-            tracing::error!("routing panicked; request passed to the fallback route");
+            tracing::error!("routing panicked; request passed to Envoy's fallback");
             Ok(None)
         }
     }

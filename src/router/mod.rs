@@ -103,6 +103,11 @@ impl Router {
         self.registry.snapshot()
     }
 
+    /// Notified with the endpoint set's version after every change.
+    pub fn subscribe_endpoints(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.registry.subscribe()
+    }
+
     /// The metrics handles.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
@@ -149,18 +154,25 @@ impl Router {
                 }
             }
         };
-        let eligible: Vec<&Arc<Endpoint>> = serving
+        let in_subset: Vec<&Arc<Endpoint>> = serving
             .iter()
             .map(|&i| &set.all()[i])
             .filter(|ep| subset.is_none_or(|s| s.contains(&ep.address)))
             .collect();
+        let eligible: Vec<&Arc<Endpoint>> = in_subset
+            .iter()
+            .copied()
+            .filter(|ep| !ep.draining)
+            .collect();
         if eligible.is_empty() {
             return Err(RouteError::NoEndpoint {
                 model: model.to_string(),
-                reason: if subset.is_some() {
+                reason: if in_subset.is_empty() && subset.is_some() {
                     "the gateway's subset hint excludes every endpoint serving it"
-                } else {
+                } else if in_subset.is_empty() {
                     "no endpoints are configured"
+                } else {
+                    "every endpoint serving it is draining"
                 },
             });
         }

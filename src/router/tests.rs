@@ -167,3 +167,27 @@ fn reload_swaps_endpoints_and_policy_but_keeps_in_flight_accounting() {
         0
     );
 }
+
+#[test]
+fn draining_endpoints_get_no_new_requests_and_all_draining_is_503() {
+    let yaml = CONFIG.replace(
+        "      - address: 127.0.0.1:8001\n",
+        "      - address: 127.0.0.1:8001\n        drain: true\n",
+    );
+    let r = router(&yaml);
+    let body = chat("m");
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    for _ in 0..4 {
+        assert_eq!(r.decide(&req, None).unwrap().primary().address, addr(8002));
+    }
+    let yaml = yaml.replace(
+        "      - address: 127.0.0.1:8002\n",
+        "      - address: 127.0.0.1:8002\n        drain: true\n",
+    );
+    r.apply(Config::parse_and_validate(&yaml, "test").unwrap());
+    let err = r.decide(&req, None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "No endpoint is available for model `m`: every endpoint serving it is draining."
+    );
+}

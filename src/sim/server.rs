@@ -50,6 +50,8 @@ impl Replica {
             .route("/v1/models", get(models))
             .route("/health", get(|| async { StatusCode::OK }))
             .route("/metrics", get(metrics))
+            // vLLM accepts large prompts; axum's default 2 MiB body limit would not.
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .layer(axum::middleware::map_response(move |mut res: Response| {
                 let name = name.clone();
                 async move {

@@ -291,6 +291,7 @@ mod tests {
             adapters: vec![],
             weight: 1.0,
             max_in_flight: None,
+            drain: false,
         }]);
         let set = endpoints.snapshot();
         let guard = set.all()[0].load.begin(7);

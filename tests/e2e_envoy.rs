@@ -1,0 +1,489 @@
+//! End to end through the real Envoy 1.40: simulated replicas, kvrouter, Envoy, real HTTP.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use kvrouter::envoyconf::{BodyMode, ClusterStyle};
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The concatenated generated text of a chat or completion response (SSE or JSON).
+fn generated_text(reply: &Reply) -> String {
+    if reply
+        .content_type
+        .as_deref()
+        .is_some_and(|c| c.starts_with("text/event-stream"))
+    {
+        sse_events(&reply.body)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| {
+                let v = json(e);
+                let c = &v["choices"][0];
+                c["delta"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    } else {
+        let v = json(&reply.body);
+        let c = &v["choices"][0];
+        c["message"]["content"]
+            .as_str()
+            .or(c["text"].as_str())
+            .expect("generated text")
+            .to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_and_completions_pass_through_envoy_intact() {
+    let stack = Stack::start(StackOptions::default()).await;
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body(MODEL, "hello", false, 5)),
+        (
+            "/v1/completions",
+            completion_body(MODEL, "once upon a time", false, 5),
+        ),
+        ("/v1/chat/completions", chat_body(MODEL, "hello", true, 7)),
+        (
+            "/v1/completions",
+            completion_body(MODEL, "once upon a time", true, 7),
+        ),
+    ] {
+        let r = stack.post(path, body.clone()).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        // Envoy reports where it went, and that replica says it served it.
+        let upstream = r.upstream.as_deref().expect("x-kvrouter-upstream");
+        assert_eq!(stack.name_of(upstream), r.replica.as_deref(), "{r:?}");
+        // The same request sent straight to that replica generates the same text: Envoy and the
+        // router passed the stream through unchanged.
+        let replica = stack
+            .replicas
+            .iter()
+            .find(|x| x.addr.to_string() == upstream)
+            .unwrap();
+        let direct = post(&stack.client, replica.addr, path, body).await;
+        assert_eq!(generated_text(&r), generated_text(&direct), "{path}");
+        assert_eq!(r.content_type, direct.content_type);
+        if r.content_type
+            .as_deref()
+            .unwrap()
+            .starts_with("text/event-stream")
+        {
+            let events = sse_events(&r.body);
+            assert_eq!(
+                events.len(),
+                7 + 2,
+                "7 tokens, a usage event and [DONE]: {events:?}"
+            );
+            assert_eq!(events.last().unwrap(), "[DONE]");
+            assert_eq!(json(&events[7])["usage"]["completion_tokens"], 7);
+        } else {
+            assert_eq!(json(&r.body)["usage"]["completion_tokens"], 5);
+        }
+    }
+    // A request without a body goes to some replica.
+    let models = stack
+        .client
+        .get(format!("http://{}/v1/models", stack.envoy.addr))
+        .send()
+        .await
+        .expect("models");
+    let models = reply(models).await;
+    assert_eq!(models.status, 200);
+    assert_eq!(json(&models.body)["data"][0]["id"], MODEL);
+    assert!(models.replica.is_some());
+    assert_in_flight_drains(stack.router.admin).await;
+    let decisions = metric_lines(stack.router.admin, "kvrouter_decisions_total").await;
+    let total: f64 = decisions.iter().map(|(_, v)| v).sum();
+    assert_eq!(total, 5.0, "{decisions:?}");
+    // Each request had a picker stream and an observer stream (Envoy's observability-mode
+    // filter) that saw the response to its end.
+    let admin = stack.router.admin;
+    eventually(
+        "observer streams to end",
+        Duration::from_secs(10),
+        || async move {
+            let ends = metric_lines(admin, "kvrouter_streams_ended_total").await;
+            let count = |o: &str| {
+                ends.iter()
+                    .filter(|(s, _)| s.contains(&format!("outcome=\"{o}\"")))
+                    .map(|(_, v)| v)
+                    .sum::<f64>()
+            };
+            (count("routed") == 5.0 && count("complete") == 5.0).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_rotates_and_least_loaded_spreads_concurrent_requests() {
+    let stack = Stack::start(StackOptions {
+        replicas: 4,
+        router_extra: "policy: {name: round-robin}",
+        ..StackOptions::default()
+    })
+    .await;
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut order = Vec::new();
+    for i in 0..8 {
+        let r = stack
+            .post(
+                "/v1/completions",
+                completion_body(MODEL, &format!("p{i}"), false, 1),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let name = r.replica.expect("replica header");
+        order.push(name.clone());
+        *counts.entry(name).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    assert!(counts.values().all(|&c| c == 2), "{counts:?}");
+    assert_eq!(order[..4], order[4..], "strict rotation: {order:?}");
+
+    // least-loaded: 8 slow requests in flight at once land 2 per replica.
+    stack
+        .reconfigure(
+            &stack.replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
+            "policy: {name: least-loaded}",
+        )
+        .await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let client = stack.client.clone();
+        let addr = stack.envoy.addr;
+        tasks.push(tokio::spawn(async move {
+            post(
+                &client,
+                addr,
+                "/v1/chat/completions",
+                chat_body(MODEL, &format!("q{i}"), true, 150),
+            )
+            .await
+        }));
+        // Each request must be counted before the next is routed; the router counts at
+        // decision time, so wait for the decision, not for a fixed time.
+        let admin = stack.router.admin;
+        eventually("decision counted", Duration::from_secs(10), || async move {
+            let inflight: f64 = metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
+                .await
+                .iter()
+                .map(|(_, v)| v)
+                .sum();
+            (inflight >= f64::from(i + 1)).then_some(())
+        })
+        .await;
+    }
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        *counts.entry(r.replica.unwrap()).or_default() += 1;
+    }
+    assert!(
+        counts.len() == 4 && counts.values().all(|&c| c == 2),
+        "{counts:?}"
+    );
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_errors_reach_the_client_through_envoy() {
+    let stack = Stack::start(StackOptions {
+        router_extra: "routing: {max_body_bytes: 1048576, retry_after_s: 3}",
+        ..StackOptions::default()
+    })
+    .await;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            "{\"model\": ".to_string(),
+            400,
+            "not valid JSON",
+            None,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"demo-model"}"#.to_string(),
+            400,
+            "missing required field `messages`",
+            Some("messages"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"demo-model","prompt":[1,"a"]}"#.to_string(),
+            400,
+            "invalid field `prompt`",
+            Some("prompt"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("no-such-model", "hi", false, 1),
+            404,
+            "The model `no-such-model` does not exist.",
+            Some("model"),
+        ),
+        (
+            "/v1/completions",
+            completion_body(MODEL, &"x".repeat(2 << 20), false, 1),
+            413,
+            "exceeds the router's limit of 1048576 bytes",
+            None,
+        ),
+    ];
+    for (path, body, status, message, param) in cases {
+        let r = stack.post(path, body).await;
+        assert_eq!(r.status, status, "{}", r.body);
+        assert_eq!(r.content_type.as_deref(), Some("application/json"));
+        assert!(r.replica.is_none(), "answered by the router, not a replica");
+        let v = json(&r.body);
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(message),
+            "{v}"
+        );
+        assert_eq!(v["error"]["code"], status);
+        assert_eq!(v["error"]["param"].as_str(), param);
+    }
+    // 503 with retry-after: every endpoint draining.
+    let addrs: Vec<_> = stack.replicas.iter().map(|r| r.addr).collect();
+    let yaml_pools = router_config(
+        stack.dir.path(),
+        &addrs,
+        "routing: {max_body_bytes: 1048576, retry_after_s: 3}",
+    )
+    .replace("      - address:", "      - drain: true\n        address:");
+    let before = stack.endpoint_table().await["version"].as_u64().unwrap();
+    std::fs::write(&stack.router.config, yaml_pools).unwrap();
+    eventually("reload", Duration::from_secs(10), || async {
+        (stack.endpoint_table().await["version"].as_u64() > Some(before)).then_some(())
+    })
+    .await;
+    let r = stack
+        .post("/v1/chat/completions", chat_body(MODEL, "hi", false, 1))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.retry_after.as_deref(), Some("3"));
+    assert!(json(&r.body)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("draining"));
+    let codes = metric_lines(stack.router.admin, "kvrouter_immediate_responses_total").await;
+    for code in ["400", "404", "413", "503"] {
+        assert!(
+            codes
+                .iter()
+                .any(|(s, v)| s.contains(&format!("code=\"{code}\"")) && *v >= 1.0),
+            "{codes:?}"
+        );
+    }
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_mib_body_in_full_duplex_streamed_mode() {
+    let stack = Stack::start(StackOptions {
+        replicas: 2,
+        body_mode: BodyMode::FullDuplex,
+        ..StackOptions::default()
+    })
+    .await;
+    let prompt = "abcd".repeat((10 << 20) / 4);
+    let r = stack
+        .post("/v1/completions", completion_body(MODEL, &prompt, false, 2))
+        .await;
+    assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(500)]);
+    // The replica saw the whole body: its prompt token count is the byte estimate of 10 MiB.
+    let usage = &json(&r.body)["usage"];
+    assert_eq!(usage["prompt_tokens"], (10u64 << 20) / 4, "{usage}");
+    // A small streaming request works in the same mode.
+    let r = stack
+        .post("/v1/chat/completions", chat_body(MODEL, "hi", true, 3))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        sse_events(&r.body).last().map(String::as_str),
+        Some("[DONE]")
+    );
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_still_served_when_the_router_dies() {
+    let mut stack = Stack::start(StackOptions::default()).await;
+    let r = stack
+        .post("/v1/chat/completions", chat_body(MODEL, "before", false, 2))
+        .await;
+    assert_eq!(r.status, 200);
+    stack.router.proc.kill();
+    let mut served_by = std::collections::HashSet::new();
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                chat_body(MODEL, &format!("after {i}"), i % 2 == 0, 2),
+            )
+            .await;
+        assert_eq!(r.status, 200, "fallback must serve: {}", r.body);
+        served_by.insert(r.upstream.expect("upstream header"));
+    }
+    assert!(
+        served_by.len() > 1,
+        "least-request fallback spreads: {served_by:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_adds_a_replica_without_dropping_an_in_flight_stream() {
+    let stack = Stack::start(StackOptions {
+        replicas: 3,
+        router_extra: "policy: {name: round-robin}",
+        ..StackOptions::default()
+    })
+    .await;
+    let all: Vec<_> = stack.replicas.iter().map(|r| r.addr).collect();
+    // Start with two replicas configured.
+    stack
+        .reconfigure(&all[..2], "policy: {name: round-robin}")
+        .await;
+    stack.envoy.wait_for_hosts(&all[..2]).await;
+    // A long stream in flight across the reload.
+    let client = stack.client.clone();
+    let addr = stack.envoy.addr;
+    let long = tokio::spawn(async move {
+        post(
+            &client,
+            addr,
+            "/v1/chat/completions",
+            chat_body(MODEL, "long", true, 300),
+        )
+        .await
+    });
+    let admin = stack.router.admin;
+    eventually(
+        "the long request to be in flight",
+        Duration::from_secs(10),
+        || async move {
+            let n: f64 = metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
+                .await
+                .iter()
+                .map(|(_, v)| v)
+                .sum();
+            (n >= 1.0).then_some(())
+        },
+    )
+    .await;
+    stack.reconfigure(&all, "policy: {name: round-robin}").await;
+    stack.envoy.wait_for_hosts(&all).await;
+    let third = stack.replicas[2].name.clone();
+    let mut reached_third = false;
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/completions",
+                completion_body(MODEL, &format!("n{i}"), false, 1),
+            )
+            .await;
+        assert_eq!(r.status, 200);
+        reached_third |= r.replica.as_deref() == Some(third.as_str());
+    }
+    assert!(
+        reached_third,
+        "the added replica receives traffic without a restart"
+    );
+    let long = long.await.unwrap();
+    assert_eq!(long.status, 200);
+    let events = sse_events(&long.body);
+    assert_eq!(
+        events.len(),
+        300 + 2,
+        "the in-flight stream completed intact"
+    );
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn original_dst_cluster_routes_on_the_header() {
+    let stack = Stack::start(StackOptions {
+        replicas: 3,
+        router_extra: "policy: {name: round-robin}\nrouting: {fallback_endpoints: 0}",
+        cluster: ClusterStyle::OriginalDst,
+        ..StackOptions::default()
+    })
+    .await;
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                chat_body(MODEL, &format!("o{i}"), i % 2 == 1, 2),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        seen.push(r.replica.unwrap());
+    }
+    assert_eq!(
+        seen[..3],
+        seen[3..],
+        "the router's rotation, not Envoy's: {seen:?}"
+    );
+    let mut distinct = seen.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3);
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[test]
+fn check_config_reports_ok_and_names_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:8001'}]}]",
+    )
+    .unwrap();
+    let out = std::process::Command::new(KVROUTER)
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ok (1 endpoints in 1 pools; models: m; policy: least-loaded)"),
+        "{stdout}"
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "pools: [{name: a, models: [m], endpoints: [{address: 'localhost', weight: -2}]}]",
+    )
+    .unwrap();
+    let out = std::process::Command::new(KVROUTER)
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pools[0].endpoints[0].address"), "{stderr}");
+    assert!(stderr.contains("pools[0].endpoints[0].weight"), "{stderr}");
+
+    let missing = std::process::Command::new(KVROUTER)
+        .args(["check-config", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read /nonexistent.yaml"));
+}
