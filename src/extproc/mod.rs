@@ -6,6 +6,8 @@ pub mod inflight;
 mod observe;
 mod reject;
 pub mod stream;
+#[cfg(test)]
+mod stream_tests;
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,0 +1,557 @@
+//! Phase transitions of [`Stream`], driven message by message as Envoy would, without Envoy.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation::Mutation, processing_request::Request, processing_response::Response, HttpBody,
+    HttpHeaders, HttpTrailers, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use proptest::prelude::*;
+
+use super::envoy::{KVROUTER_NAMESPACE, LB_NAMESPACE, PICK_KEY, SERVED_KEY};
+use super::inflight::InflightTable;
+use super::stream::{Outcome, Stream};
+use crate::config::Config;
+use crate::router::Router;
+use crate::telemetry::Metrics;
+
+const CONFIG: &str = r#"
+routing: {max_body_bytes: 4096, fallback_endpoints: 1}
+pools:
+  - name: p
+    models: [m]
+    endpoints:
+      - address: 127.0.0.1:8001
+      - address: 127.0.0.1:8002
+"#;
+
+struct Fixture {
+    router: Arc<Router>,
+    table: Arc<InflightTable>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture {
+            router: Arc::new(Router::new(
+                Config::parse_and_validate(CONFIG, "test").unwrap(),
+                Arc::new(Metrics::new()),
+            )),
+            table: Arc::new(InflightTable::default()),
+        }
+    }
+
+    fn stream(&self) -> Stream {
+        Stream::new(Arc::clone(&self.router), Arc::clone(&self.table))
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.router
+            .endpoints()
+            .all()
+            .iter()
+            .map(|e| e.load.snapshot().in_flight_requests)
+            .sum()
+    }
+}
+
+fn headers(pairs: &[(&str, &str)]) -> Option<HeaderMap> {
+    Some(HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| HeaderValue {
+                key: k.to_string(),
+                raw_value: v.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .collect(),
+    })
+}
+
+fn request_headers(mode: BodySendMode, path: &str, end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: mode as i32,
+            response_body_mode: BodySendMode::None as i32,
+            ..Default::default()
+        }),
+        request: Some(Request::RequestHeaders(HttpHeaders {
+            headers: headers(&[(":path", path), (":method", "POST"), ("x-request-id", "r1")]),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn request_body(body: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::RequestBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn response_headers(status: &str, metadata: Option<Metadata>, eos: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        metadata_context: metadata,
+        request: Some(Request::ResponseHeaders(HttpHeaders {
+            headers: headers(&[(":status", status), ("content-type", "text/event-stream")]),
+            end_of_stream: eos,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn response_body(body: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::ResponseBody(HttpBody {
+            body: body.to_vec(),
+            end_of_stream,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+
+/// The destination a routing reply sets, and its pick id.
+fn destination(r: &ProcessingResponse) -> Option<(String, u64)> {
+    let common = match r.response.as_ref()? {
+        Response::RequestHeaders(h) => h.response.as_ref()?,
+        Response::RequestBody(b) => b.response.as_ref()?,
+        _ => return None,
+    };
+    let set = &common.header_mutation.as_ref()?.set_headers[0];
+    let md = r.dynamic_metadata.as_ref()?;
+    let Some(Kind::StructValue(ours)) = &md.fields[KVROUTER_NAMESPACE].kind else {
+        return None;
+    };
+    let Some(Kind::StringValue(pick)) = &ours.fields[PICK_KEY].kind else {
+        return None;
+    };
+    Some((
+        String::from_utf8(set.header.as_ref()?.raw_value.clone()).ok()?,
+        pick.parse().ok()?,
+    ))
+}
+
+/// Metadata as Envoy forwards it to the observer stream.
+fn forwarded(pick: u64, served: Option<&str>) -> Metadata {
+    let s = |v: &str| Value {
+        kind: Some(Kind::StringValue(v.to_string())),
+    };
+    let mut filter_metadata = HashMap::from([(
+        KVROUTER_NAMESPACE.to_string(),
+        Struct {
+            fields: HashMap::from([(PICK_KEY.to_string(), s(&pick.to_string()))]),
+        },
+    )]);
+    if let Some(served) = served {
+        filter_metadata.insert(
+            LB_NAMESPACE.to_string(),
+            Struct {
+                fields: HashMap::from([(SERVED_KEY.to_string(), s(served))]),
+            },
+        );
+    }
+    Metadata {
+        filter_metadata,
+        ..Default::default()
+    }
+}
+
+fn is_continue(r: &ProcessingResponse) -> bool {
+    match r.response.as_ref() {
+        Some(Response::RequestHeaders(h)) | Some(Response::ResponseHeaders(h)) => h
+            .response
+            .as_ref()
+            .is_some_and(|c| c.header_mutation.is_none()),
+        Some(Response::RequestBody(b)) | Some(Response::ResponseBody(b)) => b
+            .response
+            .as_ref()
+            .is_some_and(|c| c.header_mutation.is_none() && c.body_mutation.is_none()),
+        Some(Response::RequestTrailers(_)) | Some(Response::ResponseTrailers(_)) => true,
+        _ => false,
+    }
+}
+
+fn immediate_status(r: &ProcessingResponse) -> Option<i32> {
+    match r.response.as_ref()? {
+        Response::ImmediateResponse(ir) => Some(ir.status.as_ref()?.code),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn buffered_routes_in_the_body_response() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    let r = s
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    assert_eq!(r.len(), 1);
+    assert!(is_continue(&r[0]), "headers continue at once: {r:?}");
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    assert_eq!(r.len(), 1);
+    assert!(matches!(r[0].response, Some(Response::RequestBody(_))));
+    let (dest, _) = destination(&r[0]).expect("routed");
+    assert_eq!(dest.split(',').count(), 2, "pick + 1 fallback: {dest}");
+    assert_eq!(f.in_flight(), 1);
+    assert_eq!(s.outcome(), Outcome::Routed);
+    drop(s);
+    assert_eq!(
+        f.in_flight(),
+        0,
+        "no observer seen yet: the picker releases at its end"
+    );
+}
+
+#[tokio::test]
+async fn full_duplex_holds_headers_then_echoes_every_chunk_in_order() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    assert!(s
+        .on_message(request_headers(
+            BodySendMode::FullDuplexStreamed,
+            "/v1/chat/completions",
+            false
+        ))
+        .await
+        .is_empty());
+    let (a, b) = CHAT.as_bytes().split_at(20);
+    assert!(
+        s.on_message(request_body(a, false)).await.is_empty(),
+        "held until the body ends"
+    );
+    let r = s.on_message(request_body(b, false)).await;
+    assert!(r.is_empty());
+    let r = s.on_message(request_body(b"", true)).await;
+    assert_eq!(r.len(), 4, "route + 3 echoed chunks: {r:?}");
+    assert!(matches!(r[0].response, Some(Response::RequestHeaders(_))));
+    assert!(destination(&r[0]).is_some());
+    let mut echoed = Vec::new();
+    for (i, reply) in r[1..].iter().enumerate() {
+        let Some(Response::RequestBody(body)) = &reply.response else {
+            panic!()
+        };
+        let Some(Mutation::StreamedResponse(sb)) = body
+            .response
+            .as_ref()
+            .unwrap()
+            .body_mutation
+            .as_ref()
+            .unwrap()
+            .mutation
+            .as_ref()
+        else {
+            panic!()
+        };
+        echoed.extend_from_slice(&sb.body);
+        assert_eq!(sb.end_of_stream, i == 2);
+    }
+    assert_eq!(echoed, CHAT.as_bytes());
+}
+
+#[tokio::test]
+async fn full_duplex_with_trailers_ends_the_echo_before_the_trailers_reply() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::FullDuplexStreamed,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    s.on_message(request_body(CHAT.as_bytes(), false)).await;
+    let r = s
+        .on_message(ProcessingRequest {
+            request: Some(Request::RequestTrailers(HttpTrailers::default())),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.len(), 3);
+    let Some(Response::RequestBody(body)) = &r[1].response else {
+        panic!()
+    };
+    let Some(Mutation::StreamedResponse(sb)) = body
+        .response
+        .as_ref()
+        .unwrap()
+        .body_mutation
+        .as_ref()
+        .unwrap()
+        .mutation
+        .as_ref()
+    else {
+        panic!()
+    };
+    assert!(!sb.end_of_stream, "trailers follow");
+    assert!(matches!(r[2].response, Some(Response::RequestTrailers(_))));
+}
+
+#[tokio::test]
+async fn bodyless_requests_route_in_the_headers_response() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    let r = s
+        .on_message(request_headers(BodySendMode::Buffered, "/v1/models", true))
+        .await;
+    assert!(matches!(r[0].response, Some(Response::RequestHeaders(_))));
+    assert!(destination(&r[0]).is_some());
+}
+
+#[tokio::test]
+async fn streamed_mode_is_passed_through_unrouted() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    let r = s
+        .on_message(request_headers(
+            BodySendMode::Streamed,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    assert!(is_continue(&r[0]));
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    assert!(is_continue(&r[0]));
+    assert_eq!(f.in_flight(), 0);
+    assert_eq!(s.outcome(), Outcome::Unrouted);
+}
+
+#[tokio::test]
+async fn bad_requests_get_immediate_responses() {
+    let cases: &[(&str, &[u8], i32)] = &[
+        ("/v1/chat/completions", b"{not json", 400),
+        (
+            "/v1/chat/completions",
+            br#"{"model":"zzz","messages":[{"role":"user","content":"x"}]}"#,
+            404,
+        ),
+        ("/v1/completions", &[b'x'; 5000], 413),
+    ];
+    for (path, body, status) in cases {
+        for mode in [BodySendMode::Buffered, BodySendMode::FullDuplexStreamed] {
+            let f = Fixture::new();
+            let mut s = f.stream();
+            s.on_message(request_headers(mode, path, false)).await;
+            let r = s.on_message(request_body(body, true)).await;
+            assert_eq!(
+                immediate_status(&r[0]),
+                Some(*status),
+                "{path} {mode:?}: {r:?}"
+            );
+            assert_eq!(s.outcome(), Outcome::Immediate);
+            assert_eq!(f.in_flight(), 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn full_duplex_body_over_the_limit_is_rejected_before_it_ends() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::FullDuplexStreamed,
+        "/v1/completions",
+        false,
+    ))
+    .await;
+    assert!(s
+        .on_message(request_body(&[b' '; 4000], false))
+        .await
+        .is_empty());
+    let r = s.on_message(request_body(&[b' '; 200], false)).await;
+    assert_eq!(immediate_status(&r[0]), Some(413));
+}
+
+#[tokio::test]
+async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
+    let f = Fixture::new();
+    // Warm-up: an observer has been seen (as it is once traffic flows).
+    f.table.claim(0);
+    let mut picker = f.stream();
+    picker
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    let r = picker.on_message(request_body(CHAT.as_bytes(), true)).await;
+    let (_, pick) = destination(&r[0]).unwrap();
+    drop(picker);
+    assert_eq!(f.in_flight(), 1, "left for the observer");
+
+    let mut observer = f.stream();
+    let r = observer
+        .on_message(ProcessingRequest {
+            observability_mode: true,
+            ..response_headers("200", Some(forwarded(pick, None)), false)
+        })
+        .await;
+    assert!(r.is_empty(), "observability mode: no replies");
+    assert!(observer
+        .on_message(response_body(b"data: {}\n\n", false))
+        .await
+        .is_empty());
+    let prefill: u64 = f
+        .router
+        .endpoints()
+        .all()
+        .iter()
+        .map(|e| e.load.snapshot().in_flight_prefill_tokens)
+        .sum();
+    assert_eq!(prefill, 0, "first byte: prefill done");
+    assert_eq!(f.in_flight(), 1);
+    observer
+        .on_message(response_body(b"data: [DONE]\n\n", true))
+        .await;
+    assert_eq!(f.in_flight(), 0);
+    assert_eq!(observer.outcome(), Outcome::Complete);
+}
+
+#[tokio::test]
+async fn observer_stream_cancelled_mid_response_releases() {
+    let f = Fixture::new();
+    f.table.claim(0);
+    let mut picker = f.stream();
+    picker
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    let (_, pick) =
+        destination(&picker.on_message(request_body(CHAT.as_bytes(), true)).await[0]).unwrap();
+    drop(picker);
+    let mut observer = f.stream();
+    observer
+        .on_message(response_headers("200", Some(forwarded(pick, None)), false))
+        .await;
+    assert_eq!(f.in_flight(), 1);
+    assert_eq!(observer.outcome(), Outcome::Cancelled);
+    drop(observer); // the client went away
+    assert_eq!(f.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn single_filter_picker_sees_its_own_response() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    let r = s.on_message(response_headers("200", None, false)).await;
+    assert!(is_continue(&r[0]));
+    assert_eq!(f.in_flight(), 1);
+    let r = s.on_message(response_body(b"{}", true)).await;
+    assert!(is_continue(&r[0]));
+    assert_eq!(f.in_flight(), 0);
+    assert_eq!(s.outcome(), Outcome::Complete);
+}
+
+#[tokio::test]
+async fn a_retry_to_a_fallback_moves_the_accounting() {
+    let f = Fixture::new();
+    f.table.claim(0);
+    let mut picker = f.stream();
+    picker
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    let (dest, pick) =
+        destination(&picker.on_message(request_body(CHAT.as_bytes(), true)).await[0]).unwrap();
+    drop(picker);
+    let fallback = dest.split(',').nth(1).unwrap().to_string();
+    let mut observer = f.stream();
+    observer
+        .on_message(response_headers(
+            "200",
+            Some(forwarded(pick, Some(&fallback))),
+            false,
+        ))
+        .await;
+    let set = f.router.endpoints();
+    let on = |a: &str| {
+        set.get(&a.parse().unwrap())
+            .unwrap()
+            .load
+            .snapshot()
+            .in_flight_requests
+    };
+    assert_eq!(on(&fallback), 1, "counted where it was served");
+    assert_eq!(f.in_flight(), 1);
+    drop(observer);
+    assert_eq!(f.in_flight(), 0);
+}
+
+fn arb_message() -> impl Strategy<Value = ProcessingRequest> {
+    let mode = prop_oneof![
+        Just(BodySendMode::Buffered),
+        Just(BodySendMode::FullDuplexStreamed),
+        Just(BodySendMode::Streamed),
+        Just(BodySendMode::None),
+    ];
+    let body = prop_oneof![
+        Just(CHAT.as_bytes().to_vec()),
+        proptest::collection::vec(any::<u8>(), 0..64),
+        Just(vec![b'x'; 5000]),
+    ];
+    prop_oneof![
+        (mode, any::<bool>()).prop_map(|(m, eos)| request_headers(m, "/v1/chat/completions", eos)),
+        (body, any::<bool>()).prop_map(|(b, eos)| request_body(&b, eos)),
+        Just(ProcessingRequest {
+            request: Some(Request::RequestTrailers(HttpTrailers::default())),
+            ..Default::default()
+        }),
+        (any::<bool>(), any::<u64>()).prop_map(|(eos, pick)| response_headers(
+            "200",
+            Some(forwarded(pick, None)),
+            eos
+        )),
+        any::<bool>().prop_map(|eos| response_body(b"data: x\n\n", eos)),
+        Just(ProcessingRequest::default()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, .. ProptestConfig::default() })]
+
+    /// Any message sequence, in any order, never panics, and once the streams are gone and the
+    /// table swept, nothing is left in flight.
+    #[test]
+    fn any_message_sequence_is_safe_and_leaks_nothing(msgs in proptest::collection::vec(arb_message(), 0..12)) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let f = Fixture::new();
+        rt.block_on(async {
+            let mut s = f.stream();
+            for m in msgs {
+                let _ = s.on_message(m).await;
+            }
+        });
+        f.table.sweep(std::time::Duration::ZERO);
+        prop_assert_eq!(f.in_flight(), 0);
+    }
+}
