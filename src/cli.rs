@@ -61,6 +61,9 @@ pub struct EnvoyArgs {
     /// Largest request body, in bytes (match routing.max_body_bytes).
     #[arg(long, default_value_t = 32 << 20)]
     pub max_body_bytes: u64,
+    /// Render Envoy alone (no kvrouter filters, plain least-request): the overhead baseline.
+    #[arg(long)]
+    pub without_kvrouter: bool,
 }
 
 /// Arguments of `kvrouter serve`.
@@ -95,6 +98,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 body_mode: a.body_mode,
                 destination_header: a.destination_header,
                 max_body_bytes: a.max_body_bytes,
+                attach: !a.without_kvrouter,
             };
             print!("{}", crate::envoyconf::render(&options));
             ExitCode::SUCCESS

@@ -104,6 +104,14 @@ fn every_generator_variant_validates() {
                 let file = cwd.path().join("variant.yaml");
                 std::fs::write(&file, render(&options)).unwrap();
                 validate(&file, cwd.path());
+                let bare = EnvoyOptions {
+                    attach: false,
+                    ..options
+                };
+                let y = render(&bare);
+                assert!(!y.contains("envoy.filters.http.ext_proc"));
+                std::fs::write(&file, y).unwrap();
+                validate(&file, cwd.path());
             }
         }
     }
