@@ -443,6 +443,59 @@ async fn original_dst_cluster_routes_on_the_header() {
     assert_in_flight_drains(stack.router.admin).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_observer_a_request_counts_until_its_response_ends() {
+    let stack = Stack::start(StackOptions {
+        replicas: 2,
+        observe: false,
+        ..StackOptions::default()
+    })
+    .await;
+    let client = stack.client.clone();
+    let addr = stack.envoy.addr;
+    let long = tokio::spawn(async move {
+        post(
+            &client,
+            addr,
+            "/v1/chat/completions",
+            chat_body(MODEL, "long", true, 400),
+        )
+        .await
+    });
+    let admin = stack.router.admin;
+    let in_flight = || async move {
+        metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
+            .await
+            .iter()
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    eventually(
+        "the request to be counted",
+        Duration::from_secs(10),
+        || async { (in_flight().await == 1.0).then_some(()) },
+    )
+    .await;
+    // Still counted while the response streams (the picker stream lives as long as the request).
+    let mut samples = 0;
+    while !long.is_finished() {
+        let n = in_flight().await;
+        if long.is_finished() {
+            break;
+        }
+        assert_eq!(n, 1.0, "released before the response ended");
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        samples >= 3,
+        "the response was long enough to sample ({samples})"
+    );
+    let r = long.await.unwrap();
+    assert_eq!(sse_events(&r.body).len(), 402);
+    assert_in_flight_drains(admin).await;
+}
+
 #[test]
 fn check_config_reports_ok_and_names_bad_fields() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,9 @@ async fn drive(
                         break 'messages;
                     }
                 }
+                if stream.is_finished() {
+                    break;
+                }
             }
             Ok(None) => break,
             Err(status) => {

@@ -142,6 +142,13 @@ impl Stream {
         }
     }
 
+    /// True once nothing more is expected: the stream can be closed from our side, which frees
+    /// Envoy's stream at once (an observability-mode stream would otherwise linger for Envoy's
+    /// `deferred_close_timeout`).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
     /// Handles one message from Envoy; returns the replies to send, in order.
     pub async fn on_message(&mut self, mut msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(pc) = &msg.protocol_config {

@@ -345,8 +345,25 @@ pub fn envoy_yaml(
     body_mode: kvrouter::envoyconf::BodyMode,
     static_replicas: Option<Vec<SocketAddr>>,
 ) -> String {
+    kvrouter::envoyconf::render(&envoy_options(
+        router,
+        dir,
+        cluster,
+        body_mode,
+        static_replicas,
+    ))
+}
+
+/// Envoy options for the test's ports.
+pub fn envoy_options(
+    router: &Router,
+    dir: &Path,
+    cluster: kvrouter::envoyconf::ClusterStyle,
+    body_mode: kvrouter::envoyconf::BodyMode,
+    static_replicas: Option<Vec<SocketAddr>>,
+) -> kvrouter::envoyconf::EnvoyOptions {
     use kvrouter::envoyconf::*;
-    render(&EnvoyOptions {
+    EnvoyOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin: "127.0.0.1:0".parse().unwrap(),
         extproc: router.grpc,
@@ -357,7 +374,7 @@ pub fn envoy_yaml(
         cluster,
         body_mode,
         ..EnvoyOptions::default()
-    })
+    }
 }
 
 /// Reads one metric value (first series whose line starts with `prefix`) from kvrouter's admin.
@@ -480,6 +497,8 @@ pub struct StackOptions<'a> {
     pub router_extra: &'a str,
     pub cluster: kvrouter::envoyconf::ClusterStyle,
     pub body_mode: kvrouter::envoyconf::BodyMode,
+    /// Include Envoy's response observer filter.
+    pub observe: bool,
 }
 
 impl Default for StackOptions<'_> {
@@ -489,6 +508,7 @@ impl Default for StackOptions<'_> {
             router_extra: "",
             cluster: kvrouter::envoyconf::ClusterStyle::OverrideHost,
             body_mode: kvrouter::envoyconf::BodyMode::Buffered,
+            observe: true,
         }
     }
 }
@@ -507,7 +527,13 @@ impl Stack {
         );
         let static_replicas =
             (o.cluster == kvrouter::envoyconf::ClusterStyle::OriginalDst).then(|| addrs.clone());
-        let yaml = envoy_yaml(&router, dir.path(), o.cluster, o.body_mode, static_replicas);
+        let mut yaml = envoy_yaml(&router, dir.path(), o.cluster, o.body_mode, static_replicas);
+        if !o.observe {
+            yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
+                observe: false,
+                ..envoy_options(&router, dir.path(), o.cluster, o.body_mode, None)
+            });
+        }
         let envoy = start_envoy(dir.path(), &yaml).await;
         envoy.wait_for_hosts(&addrs).await;
         Stack {

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# First-figure router overhead: the same light load through (a) Envoy alone and (b) Envoy +
+# kvrouter, to one zero-latency simulated replica fleet. Needs `wrk` (Debian: apt-get install wrk)
+# and release binaries (`make release envoy`). Usage: scripts/overhead.sh [seconds] [connections]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-10}
+CONNS=${2:-8}
+BIN=target/release
+ENVOY=.venv/bin/envoy
+DIR=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$DIR"' EXIT
+
+cat > "$DIR/fleet.yaml" <<YAML
+replicas:
+  - {name: r1, listen: 127.0.0.1:18301, models: [demo-model], ttft_base_ms: 0, prefill_ms_per_token: 0, inter_token_ms: 0}
+  - {name: r2, listen: 127.0.0.1:18302, models: [demo-model], ttft_base_ms: 0, prefill_ms_per_token: 0, inter_token_ms: 0}
+YAML
+cat > "$DIR/kvrouter.yaml" <<YAML
+server: {grpc_listen: 127.0.0.1:18310, admin_listen: 127.0.0.1:18311}
+envoy: {eds_path: $DIR/eds.json}
+pools: [{name: p, models: [demo-model], endpoints: [{address: 127.0.0.1:18301}, {address: 127.0.0.1:18302}]}]
+YAML
+cat > "$DIR/post.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+wrk.body = '{"model":"demo-model","max_tokens":1,"messages":[{"role":"system","content":"You are a helpful assistant that answers briefly."},{"role":"user","content":"What is the capital of France? Answer in one word."}]}'
+LUA
+
+"$BIN/kvsim" --fleet "$DIR/fleet.yaml" > /dev/null 2> "$DIR/kvsim.log" & pids+=($!)
+"$BIN/kvrouter" serve -c "$DIR/kvrouter.yaml" > /dev/null 2> "$DIR/kvrouter.log" & pids+=($!)
+for u in http://127.0.0.1:18301/health http://127.0.0.1:18302/health http://127.0.0.1:18311/readyz; do
+  for _ in $(seq 100); do curl -fs -o /dev/null "$u" && break; sleep 0.1; done
+done
+"$BIN/kvrouter" envoy-config --listen 127.0.0.1:18320 --admin 127.0.0.1:18321 --without-kvrouter \
+  --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/alone.yaml"
+"$BIN/kvrouter" envoy-config --listen 127.0.0.1:18330 --admin 127.0.0.1:18331 --extproc 127.0.0.1:18310 \
+  --eds "$DIR/eds.json" > "$DIR/with.yaml"
+"$ENVOY" -c "$DIR/alone.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 11 > "$DIR/e1.log" 2>&1 & pids+=($!)
+"$ENVOY" -c "$DIR/with.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 12 > "$DIR/e2.log" 2>&1 & pids+=($!)
+for u in http://127.0.0.1:18321/ready http://127.0.0.1:18331/ready; do
+  for _ in $(seq 100); do curl -fs -o /dev/null "$u" && break; sleep 0.1; done
+done
+
+# utime+stime ticks of kvsim, kvrouter and the Envoy with kvrouter.
+cpu() {
+  for pid in "${pids[0]}" "${pids[1]}" "${pids[3]}"; do
+    awk '{print $14 + $15}' "/proc/$pid/stat"
+  done | tr '\n' ' '
+}
+
+run() {
+  local name=$1 port=$2
+  wrk -t1 -c"$CONNS" -d2s -s "$DIR/post.lua" "http://127.0.0.1:$port/v1/chat/completions" > /dev/null  # warm-up
+  echo "== $name"
+  wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$DIR/post.lua" "http://127.0.0.1:$port/v1/chat/completions" \
+    | grep -E "Requests/sec|Latency |50%|75%|90%|99%|Non-2xx"
+}
+echo "== direct to a replica"
+wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$DIR/post.lua" http://127.0.0.1:18301/v1/chat/completions \
+  | grep -E "Requests/sec|Latency |50%|99%|Non-2xx"
+run "Envoy alone" 18320
+before=$(cpu)
+run "Envoy + kvrouter" 18330
+after=$(cpu)
+echo "== CPU seconds during the Envoy + kvrouter run (kvsim kvrouter envoy):"
+paste <(echo "$before" | tr ' ' '\n') <(echo "$after" | tr ' ' '\n') | awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f ", ($2-$1)/hz} END {print ""}'
+echo "== kvrouter decision time"
+curl -s http://127.0.0.1:18331/stats | grep -E "ext_proc.kvrouter\.(streams_started|streams_closed|failure_mode_allowed|message_timeouts|stream_msgs_sent|spurious)|upstream_rq_2xx|downstream_rq_2xx"
+curl -s http://127.0.0.1:18311/metrics | grep -E "^kvrouter_decision_duration_seconds_(sum|count)|^kvrouter_streams"
