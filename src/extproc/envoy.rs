@@ -217,6 +217,18 @@ pub fn header_str<'a>(map: Option<&'a HeaderMap>, name: &str) -> Option<&'a str>
     header(map, name).and_then(|v| std::str::from_utf8(v).ok())
 }
 
+/// A string attribute Envoy attached (`request_attributes` / `response_attributes`), whatever
+/// filter name it is grouped under.
+pub fn attribute_str<'a>(attributes: &'a HashMap<String, Struct>, key: &str) -> Option<&'a str> {
+    attributes
+        .values()
+        .filter_map(|s| s.fields.get(key))
+        .find_map(|v| match &v.kind {
+            Some(Kind::StringValue(s)) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
 /// Addresses listed as a string (comma-separated) or a list of strings.
 fn addresses(value: &Value) -> Vec<SocketAddr> {
     match &value.kind {

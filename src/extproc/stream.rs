@@ -164,7 +164,7 @@ impl Stream {
         };
         let replies = match request {
             Request::RequestHeaders(h) => self.on_request_headers(h, &msg).await,
-            Request::RequestBody(b) => self.on_request_body(b).await,
+            Request::RequestBody(b) => self.on_request_body(b, &msg).await,
             Request::RequestTrailers(_) => self.on_request_trailers().await,
             Request::ResponseHeaders(h) => vec![self.on_response_headers(h, &msg)],
             Request::ResponseBody(b) => vec![self.on_response_body(b)],
@@ -228,8 +228,26 @@ impl Stream {
         }
     }
 
-    async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+    async fn on_request_body(
+        &mut self,
+        b: HttpBody,
+        msg: &ProcessingRequest,
+    ) -> Vec<ProcessingResponse> {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
+        if matches!(self.phase, Phase::Start) && !full_duplex {
+            // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
+            // path and request id come as request attributes with the body.
+            let path = envoy::attribute_str(&msg.attributes, "request.path").unwrap_or("");
+            self.request_id = envoy::attribute_str(&msg.attributes, "request.id")
+                .map(|id| id.chars().take(64).collect())
+                .unwrap_or_default();
+            self.phase = Phase::RequestBody(Pending {
+                api: ApiKind::from_path(path),
+                subset: envoy::subset_hint(msg.metadata_context.as_ref()),
+                body: Vec::new(),
+                chunk_ends: Vec::new(),
+            });
+        }
         let pending = match &mut self.phase {
             Phase::RequestBody(p) => p,
             Phase::Picked { id: None } => {

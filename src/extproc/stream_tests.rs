@@ -304,6 +304,47 @@ async fn full_duplex_with_trailers_ends_the_echo_before_the_trailers_reply() {
 }
 
 #[tokio::test]
+async fn buffered_without_headers_takes_the_path_from_attributes() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    let attributes = |path: &str| {
+        HashMap::from([(
+            "envoy.filters.http.ext_proc".to_string(),
+            Struct {
+                fields: HashMap::from([(
+                    "request.path".to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue(path.to_string())),
+                    },
+                )]),
+            },
+        )])
+    };
+    let first = ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            ..Default::default()
+        }),
+        attributes: attributes("/v1/chat/completions"),
+        ..request_body(CHAT.as_bytes(), true)
+    };
+    let r = s.on_message(first).await;
+    assert!(matches!(r[0].response, Some(Response::RequestBody(_))));
+    assert!(destination(&r[0]).is_some(), "{r:?}");
+    // The path decides the API: the same body to /v1/completions lacks `prompt`.
+    let mut s = f.stream();
+    let first = ProcessingRequest {
+        protocol_config: Some(ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            ..Default::default()
+        }),
+        attributes: attributes("/v1/completions"),
+        ..request_body(CHAT.as_bytes(), true)
+    };
+    assert_eq!(immediate_status(&s.on_message(first).await[0]), Some(400));
+}
+
+#[tokio::test]
 async fn bodyless_requests_route_in_the_headers_response() {
     let f = Fixture::new();
     let mut s = f.stream();
