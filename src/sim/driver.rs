@@ -81,6 +81,9 @@ pub enum Command {
     Admin(AdminCommand, oneshot::Sender<EngineState>),
 }
 
+/// How far the engine may fall behind its exact clock before it stops catching up.
+const MAX_LAG: Duration = Duration::from_millis(20);
+
 /// Runs `engine` until every sender of `rx` is gone.
 pub async fn run(
     mut engine: Engine<ClientSink>,
@@ -91,6 +94,10 @@ pub async fn run(
     metrics: Arc<SimMetrics>,
 ) {
     let mut plan = StepPlan::default();
+    // Exact end of the previous step while steps run back to back. tokio timers fire on
+    // millisecond ticks, so each step starts at the previous step's exact end rather than at
+    // the (rounded-up) wake-up: rounding never accumulates over a request's steps.
+    let mut clock: Option<Instant> = None;
     let mut loop_state = LoopState {
         stall: None,
         publisher,
@@ -108,6 +115,7 @@ pub async fn run(
             }
         }
         if loop_state.stall.is_some() || !engine.has_work() {
+            clock = None;
             let stall_end = loop_state.stall.flatten();
             tokio::select! {
                 cmd = rx.recv() => match cmd {
@@ -124,7 +132,12 @@ pub async fn run(
             continue;
         }
 
-        let start = Instant::now();
+        let now = Instant::now();
+        let start = match clock {
+            // Far behind (an overloaded machine): drop the backlog instead of bursting.
+            Some(end) if now.saturating_duration_since(end) < MAX_LAG => end,
+            _ => now,
+        };
         engine.schedule(&mut plan, start);
         loop_state.flush(&mut engine);
         if plan.items.is_empty() {
@@ -140,8 +153,10 @@ pub async fn run(
             continue;
         }
         let step_ms = profile.step_ms(plan.items.iter().map(|i| i.work));
-        sleep_until(start + scaled(step_ms, time_scale)).await;
-        engine.finish_step(&plan, Instant::now());
+        let end = start + scaled(step_ms, time_scale);
+        sleep_until(end).await;
+        engine.finish_step(&plan, end);
+        clock = Some(end);
         loop_state.flush(&mut engine);
     }
 }

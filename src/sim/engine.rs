@@ -337,7 +337,9 @@ impl<S: OutputSink> Engine<S> {
             r.hashes = hashes;
             add(&self.metrics.generation_tokens, 1);
             if index == 0 {
-                self.metrics.ttft.observe(now - r.arrival);
+                self.metrics
+                    .ttft
+                    .observe(now.saturating_duration_since(r.arrival));
             }
             let alive = r.sink.deliver(Output::Token { index });
             if r.num_output == r.max_output {
@@ -348,7 +350,9 @@ impl<S: OutputSink> Engine<S> {
                     preemptions: r.num_preemptions,
                 };
                 r.sink.deliver(Output::Finished(usage));
-                self.metrics.e2e.observe(now - r.arrival);
+                self.metrics
+                    .e2e
+                    .observe(now.saturating_duration_since(r.arrival));
                 add(&self.metrics.finished_length, 1);
                 r.finished = true;
                 any_done = true;

@@ -85,7 +85,9 @@ impl<S: OutputSink> Engine<S> {
                     r.num_cached_tokens = Some(hit_tokens);
                     add(&self.metrics.prompt_tokens, u64::from(r.num_prompt));
                     add(&self.metrics.prompt_tokens_cached, u64::from(hit_tokens));
-                    self.metrics.queue_time.observe(now - r.arrival);
+                    self.metrics
+                        .queue_time
+                        .observe(now.saturating_duration_since(r.arrival));
                 }
                 plan.items.push(self.item(id, new_tokens));
                 budget -= new_tokens;
