@@ -9,6 +9,7 @@ use ahash::AHashMap;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -291,6 +292,13 @@ pub async fn serve(
         addr: listen,
         source,
     })?;
+    // SSE writes many small chunks: without TCP_NODELAY, Nagle's algorithm and the client's
+    // delayed ACK hold a token back for ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     let replica = Replica::start(config, loader).await?;
     let app = replica
         .router()
