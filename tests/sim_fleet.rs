@@ -224,3 +224,14 @@ async fn an_unknown_field_is_an_error_that_names_it() {
     assert!(stderr.contains("unknown field `blocksize`"), "{stderr}");
     assert!(stderr.contains("replicas[0]"), "{stderr}");
 }
+
+#[test]
+fn the_local_stack_fleet_file_is_valid() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/kvsim-fleet.yaml");
+    let fleet = kvrouter::sim::FleetConfig::load(&path).expect("valid fleet file");
+    assert_eq!(fleet.replicas.len(), 4);
+    let profiles: std::collections::BTreeSet<&str> =
+        fleet.replicas.iter().map(|r| r.profile.as_str()).collect();
+    assert!(profiles.len() >= 2, "a heterogeneous fleet");
+}

@@ -335,7 +335,7 @@ impl ReplicaConfig {
             }
         }
         if let Some(kv) = &self.kv_events {
-            if let Err(message) = super::kv_events::parse_endpoint(&kv.endpoint) {
+            if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint) {
                 push("kv_events.endpoint", message);
             }
         }

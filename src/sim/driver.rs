@@ -11,9 +11,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant};
 
 use super::engine::{Engine, NewRequest, Output, OutputSink, StepPlan};
-use super::kv_events::PublisherMsg;
 use super::metrics::SimMetrics;
 use super::profile::{scaled, StepProfile};
+use super::publisher::PublisherMsg;
 
 /// Outputs for one HTTP request: `(choice index, output)` pairs on an unbounded channel (a
 /// batched completion shares one channel between its prompts).

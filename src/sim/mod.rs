@@ -26,7 +26,7 @@
 //!   `engine` and `model_name`, vLLM buckets). `usage.prompt_tokens_details.cached_tokens` is
 //!   the engine's `num_cached_tokens`. Errors are vLLM's JSON shape: 400 bad body / too long,
 //!   404 unknown model. Every response carries [`REPLICA_HEADER`].
-//! - KV events ([`kv_events`]): ZMQ PUB, vLLM 0.32's wire format (msgpack maps with `type`), one
+//! - KV events ([`kv_events`], [`publisher`]): ZMQ PUB, vLLM 0.32's wire format (msgpack maps with `type`), one
 //!   batch per step, binding for wildcard endpoints and connecting otherwise.
 //! - Admin ([`admin`], loopback peers only, else 403; durations are real time):
 //!   - `GET /admin/state`: engine state (running, waiting, free/cached blocks, usage, stall).
@@ -79,6 +79,7 @@ pub mod kv_events;
 pub mod metrics;
 pub mod openai;
 pub mod profile;
+pub mod publisher;
 pub mod replica;
 pub mod scheduler;
 pub mod server;

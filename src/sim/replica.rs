@@ -18,9 +18,9 @@ use super::admin::{self, Faults};
 use super::config::{FieldError, OutputLength, ReplicaConfig, TokenizerPaths};
 use super::driver::{self, AdminCommand, Command, EngineState};
 use super::engine::{Engine, EngineConfig, Lora};
-use super::kv_events::{self, PublisherError};
 use super::metrics::{MetricsInfo, SimMetrics};
 use super::profile::StepProfile;
+use super::publisher::{self, PublisherError};
 use super::server;
 use super::tokenize::{PromptTokenizer, WordPieceTokenizer};
 use super::REPLICA_HEADER;
@@ -109,7 +109,7 @@ impl Replica {
             None => Arc::new(WordPieceTokenizer::default()),
         };
         let publisher = match &config.kv_events {
-            Some(kv) => Some(kv_events::start(&kv.endpoint, &kv.topic).await?),
+            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic).await?),
             None => None,
         };
         let engine_cfg = EngineConfig {
@@ -223,6 +223,8 @@ impl Replica {
             .route("/health", get(server::health))
             .route("/metrics", get(server::metrics))
             .merge(admin::routes())
+            // vLLM has no body limit; axum's 2 MiB default would refuse long-context prompts.
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
             .layer(axum::middleware::map_response(move |mut res: Response| {
                 let name = name.clone();
                 async move {
@@ -233,6 +235,9 @@ impl Replica {
             .with_state(Arc::clone(self))
     }
 }
+
+/// Largest request body accepted, in bytes (64 MiB).
+const MAX_BODY_BYTES: usize = 64 << 20;
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -255,15 +260,18 @@ pub struct RunningReplica {
 impl RunningReplica {
     /// The JSON line `kvsim` prints once the replica listens.
     pub fn listening_line(&self) -> String {
-        let mut line = serde_json::json!({
-            "event": "listening",
-            "name": self.replica.name(),
-            "addr": self.addr.to_string(),
-        });
+        // Written by hand to keep the documented key order (serde_json sorts keys).
+        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let mut line = format!(
+            "{{\"event\":\"listening\",\"name\":{},\"addr\":{}",
+            quote(self.replica.name()),
+            quote(&self.addr.to_string())
+        );
         if let Some(kv) = self.replica.kv_events_endpoint() {
-            line["kv_events"] = kv.into();
+            line.push_str(&format!(",\"kv_events\":{}", quote(kv)));
         }
-        line.to_string()
+        line.push('}');
+        line
     }
 
     /// Stops accepting connections, lets open responses finish, and waits for the server.
