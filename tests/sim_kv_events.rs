@@ -316,3 +316,32 @@ async fn lora_requests_carry_the_adapter_in_events() {
     assert_eq!(extra.len(), 2);
     assert_eq!(extra[0].as_array().unwrap()[0].as_str(), Some("chat"));
 }
+
+#[tokio::test]
+async fn bound_publisher_rebinds_its_port_after_a_restart() {
+    let (replica, app) = start(events_config("tcp://*:0", "")).await;
+    let endpoint = replica.kv_events_endpoint().unwrap().to_string();
+    let mut sub = SubSocket::new();
+    sub.connect(&endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    let before = first_message(&app, &mut sub, 600).await;
+    call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&tokens_body(&ids(700, 40), 1)),
+    )
+    .await;
+    let later = recv(&mut sub, DEADLINE).await.expect("a second batch");
+    assert_eq!(later.seq, before.seq + 1);
+    call(&app, "POST", "/admin/restart", None).await;
+    // Same endpoint: the subscriber reconnects by itself.
+    let after = first_message(&app, &mut sub, 800).await;
+    assert!(
+        after.seq < later.seq,
+        "sequence restarted: {} then {}",
+        later.seq,
+        after.seq
+    );
+    assert_eq!(replica.kv_events_endpoint(), Some(endpoint.as_str()));
+}
