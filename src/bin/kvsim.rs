@@ -1,19 +1,26 @@
 //! `kvsim`: simulated vLLM replicas. One replica from flags, or a fleet from a YAML file.
 //! Prints one JSON line per replica on stdout once it listens:
-//! `{"event":"listening","name":"r1","addr":"127.0.0.1:8001"}`.
+//! `{"event":"listening","name":"r1","addr":"127.0.0.1:8001","kv_events":"tcp://127.0.0.1:5557"}`
+//! (`kv_events` only when publishing). Logs go to stderr. Exits cleanly on SIGINT and SIGTERM.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use kvrouter::sim::{server, FleetConfig, ReplicaConfig};
+use kvrouter::sim::{no_tokenizer_files, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
 
 /// Simulated vLLM-compatible model replicas.
 #[derive(Debug, Parser)]
-#[command(name = "kvsim", version, about)]
+#[command(
+    name = "kvsim",
+    version,
+    about = "Simulated vLLM-compatible model replicas (KV cache, continuous batching, metrics, KV events)."
+)]
 struct Args {
-    /// A YAML fleet file (`replicas: [...]`); the other flags are ignored when given.
+    /// A YAML fleet file (`replicas: [...]`); the single-replica flags are ignored when given.
     #[arg(long)]
     fleet: Option<PathBuf>,
     /// Replica name (response header `x-kvsim-replica`).
@@ -25,40 +32,75 @@ struct Args {
     /// Served model name (repeatable).
     #[arg(long = "model", default_values_t = vec!["demo-model".to_string()])]
     models: Vec<String>,
+    /// LoRA adapter name (repeatable).
+    #[arg(long = "adapter")]
+    adapters: Vec<String>,
+    /// Step-time profile (h100-llama3-8b, a100-llama3-8b, l4-llama3-8b, a10g-llama3-8b).
+    #[arg(long, default_value = "h100-llama3-8b")]
+    profile: String,
+    /// Simulated time runs this many times faster than real time.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// KV blocks (default: the profile's).
+    #[arg(long)]
+    num_gpu_blocks: Option<u32>,
+    /// Most running requests (default: the profile's).
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+    /// Token budget per step (default: the profile's).
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// Longest prompt plus output accepted, in tokens (default: the config's default).
+    #[arg(long)]
+    max_model_len: Option<u32>,
+    /// Publish KV events on this ZMQ endpoint (`tcp://*:PORT` binds, `tcp://HOST:PORT` connects).
+    #[arg(long)]
+    kv_events: Option<String>,
+    /// Topic frame of KV-event messages.
+    #[arg(long, default_value = "")]
+    kv_topic: String,
+}
+
+impl Args {
+    fn fleet(&self) -> Result<FleetConfig, String> {
+        if let Some(path) = &self.fleet {
+            return FleetConfig::load(path).map_err(|e| e.to_string());
+        }
+        Ok(FleetConfig {
+            replicas: vec![ReplicaConfig {
+                name: self.name.clone(),
+                listen: self.listen,
+                models: self.models.clone(),
+                adapters: self.adapters.clone(),
+                profile: self.profile.clone(),
+                time_scale: self.time_scale,
+                block_size: self.block_size,
+                num_gpu_blocks: self.num_gpu_blocks,
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_model_len: self.max_model_len,
+                kv_events: self.kv_events.as_ref().map(|endpoint| KvEventsConfig {
+                    endpoint: endpoint.clone(),
+                    topic: self.kv_topic.clone(),
+                }),
+                ..ReplicaConfig::default()
+            }],
+        })
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     kvrouter::telemetry::init_logging(kvrouter::config::LogFormat::Text);
-    let fleet = match &args.fleet {
-        Some(path) => {
-            let text = match std::fs::read_to_string(path) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("kvsim: cannot read {}: {e}", path.display());
-                    return ExitCode::from(1);
-                }
-            };
-            match serde_norway::from_str::<FleetConfig>(&text) {
-                Ok(f) if !f.replicas.is_empty() => f,
-                Ok(_) => {
-                    eprintln!("kvsim: {}: replicas: no replicas listed", path.display());
-                    return ExitCode::from(1);
-                }
-                Err(e) => {
-                    eprintln!("kvsim: {}: {e}", path.display());
-                    return ExitCode::from(1);
-                }
-            }
+    let fleet = match args.fleet() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kvsim: {e}");
+            return ExitCode::from(2);
         }
-        None => FleetConfig {
-            replicas: vec![ReplicaConfig {
-                name: args.name.clone(),
-                listen: args.listen,
-                models: args.models.clone(),
-                ..ReplicaConfig::default()
-            }],
-        },
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -68,21 +110,46 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let mut tasks = Vec::new();
-        for replica in fleet.replicas {
-            let name = replica.name.clone();
-            match server::run(replica).await {
-                Ok((addr, task)) => {
-                    println!(r#"{{"event":"listening","name":"{name}","addr":"{addr}"}}"#);
-                    tasks.push(task);
-                }
-                Err(e) => {
-                    eprintln!("kvsim: replica {name}: cannot listen: {e}");
-                    return ExitCode::from(1);
-                }
+        let fleet = match Fleet::start(fleet, &no_tokenizer_files()).await {
+            Ok(f) => f,
+            Err((name, e)) => {
+                eprintln!("kvsim: replica {name}: {e}");
+                return ExitCode::from(1);
             }
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            for r in &fleet.replicas {
+                let _ = writeln!(out, "{}", r.listening_line());
+            }
+            let _ = out.flush();
         }
-        let _ = tokio::signal::ctrl_c().await;
+        let signal = wait_for_signal().await;
+        tracing::info!("kvsim: {signal}, shutting down");
+        // Open streams get a moment to finish; then the process exits regardless.
+        let _ = tokio::time::timeout(Duration::from_secs(5), fleet.shutdown()).await;
         ExitCode::SUCCESS
     })
+}
+
+async fn wait_for_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }

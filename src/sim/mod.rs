@@ -1,57 +1,94 @@
-//! A vLLM-compatible model replica for tests, demos and benchmarks (the `kvsim` binary).
+//! A vLLM-compatible replica simulator for tests, demos and benchmarks (the `kvsim` binary).
+//! Every routing claim of the project is measured on it, so it behaves like vLLM (v1 engine,
+//! reference 0.32) where routing cares, and this page says where it does not.
 //!
-//! This is the minimal replica: vLLM's HTTP API shapes (completions and chat, SSE streaming and
-//! JSON), `/v1/models`, `/health`, `/metrics` with vLLM's metric names, and a response header
-//! naming the replica. Timing is a fixed time to first token plus a per-prompt-token cost and a
-//! fixed inter-token latency; there is no KV cache model yet.
+//! # Engine model
+//!
+//! - [`block_pool`]: paged KV cache with vLLM's free-block queue (null block, LRU free queue,
+//!   freed chains tail-first, unhashed blocks reused first, eviction on reuse).
+//! - [`block_hash`]: chained block hashes over (parent, token ids, extra keys: LoRA name,
+//!   multimodal hashes, `cache_salt` on the first block). Only full blocks are cached.
+//! - [`engine`] / [`scheduler`]: continuous batching with `max_num_seqs`,
+//!   `max_num_batched_tokens`, chunked prefill, FCFS waiting queue, prefix-cache lookup capped at
+//!   `num_tokens - 1` in whole blocks, recompute preemption of the newest running request, no
+//!   admissions in a step that preempted, `num_cached_tokens` fixed at first scheduling.
+//! - [`profile`]: step time = fixed + max(weight floor, tokens × per-token) + prefill attention
+//!   over (new × context) + decode KV reads; named profiles with their sources.
+//! - [`driver`]: the engine loop on `tokio::time` (tests pause the clock; `time_scale` divides
+//!   every duration).
+//! - [`tokenize`]: the [`PromptTokenizer`] trait and its deterministic word-piece fallback.
+//!
+//! # Interfaces
+//!
+//! - HTTP ([`server`]): `POST /v1/completions`, `POST /v1/chat/completions` (SSE when `stream`,
+//!   always ending with a usage chunk and `data: [DONE]`), `GET /v1/models` (models, then
+//!   adapters with `parent`), `GET /health`, `GET /metrics` ([`metrics`]: vLLM names, labels
+//!   `engine` and `model_name`, vLLM buckets). `usage.prompt_tokens_details.cached_tokens` is
+//!   the engine's `num_cached_tokens`. Errors are vLLM's JSON shape: 400 bad body / too long,
+//!   404 unknown model. Every response carries [`REPLICA_HEADER`].
+//! - KV events ([`kv_events`], [`publisher`]): ZMQ PUB, vLLM 0.32's wire format (msgpack maps with `type`), one
+//!   batch per step, binding for wildcard endpoints and connecting otherwise.
+//! - Admin ([`admin`], loopback peers only, else 403; durations are real time):
+//!   - `GET /admin/state`: engine state (running, waiting, free/cached blocks, usage, stall).
+//!   - `POST /admin/fail` `{"status":500,"count":N,"duration_ms":M,"message":"…"}`: answer
+//!     generation requests with that error (all fields optional; default every request until
+//!     cleared); `DELETE /admin/fail` clears it.
+//!   - `POST /admin/stall` `{"duration_ms":M}`: the engine stops stepping (requests queue, HTTP
+//!     still answers) for M ms or until `POST /admin/resume`.
+//!   - `POST /admin/drop-cache`: forget every cached block and publish `AllBlocksCleared` at once
+//!     (running requests keep their blocks, unfindable).
+//!   - `POST /admin/reset`: cold state for benchmarks: aborts in-flight requests, empties the
+//!     cache (`AllBlocksCleared`), **resets** all counters and histograms, clears faults. The
+//!     KV-event sequence continues.
+//!   - `POST /admin/restart` `{"down_ms":M}`: a simulated process restart: aborts in-flight
+//!     requests, empties the cache *without* an event, resets counters, reopens the ZMQ socket
+//!     with the sequence back at 0, and answers 503 to all non-admin routes for M ms.
+//! - Fleets ([`fleet`], [`config`]): several replicas in one process from a YAML file, each on
+//!   its own port, with its own profile and model list.
+//!
+//! # Where the simulator deviates from vLLM
+//!
+//! - Timing is a cost model, not measurement: no CUDA graphs padding, no sampling or detokenize
+//!   cost, no async scheduling overlap, no speculative decoding; HTTP overhead is real but tiny.
+//! - Hashes are xxh3-64 with a configurable fixed seed (vLLM: SHA-256 of pickled tuples with a
+//!   random `NONE_HASH` unless `PYTHONHASHSEED`); events carry them as u64 like vLLM's
+//!   int-hash mode. Only one KV cache group (full attention); `group_idx` is always 0.
+//! - Multimodal items only enter hashes as their content hash (no `mm` offsets); the fallback
+//!   tokenizer gives each item 64 placeholder tokens.
+//! - Generated text is filler; every request generates exactly its length (no EOS, no stop
+//!   strings); `n`, `best_of`, logprobs, beam search and `prompt_logprobs` are ignored. A
+//!   batched completions prompt (`prompt: [..]`) becomes one engine request per prompt.
+//! - A disconnected client's request is dropped when it reaches the head of the waiting queue
+//!   or delivers its next token (vLLM aborts at once), so a running prefill chunk completes.
+//! - `POST /admin/drop-cache` works while requests run (vLLM's `reset_prefix_cache` refuses);
+//!   its `AllBlocksCleared` is published at once instead of with the next step.
+//! - No KV-event replay socket, no data parallelism (`data_parallel_rank` is 0), no CPU offload
+//!   tier (`medium` is always `GPU`), no priority scheduling, no LoRA slot limit.
+//! - Metrics: a subset of vLLM's (the ones routers read); TTFT/e2e are measured in real time, so
+//!   under `time_scale` they shrink with it. `request_success_total{finished_reason="abort"}`
+//!   counts aborted requests.
 
+pub mod admin;
+pub mod block_hash;
+pub mod block_pool;
+pub mod config;
+pub mod driver;
+pub mod engine;
+pub mod fleet;
+pub mod kv_events;
+pub mod metrics;
+pub mod openai;
+pub mod profile;
+pub mod publisher;
+pub mod replica;
+pub mod scheduler;
 pub mod server;
+pub mod tokenize;
 
-use std::net::SocketAddr;
-
-use serde::{Deserialize, Serialize};
+pub use config::{FleetConfig, KvEventsConfig, OutputLength, ReplicaConfig, TokenizerPaths};
+pub use fleet::Fleet;
+pub use replica::{no_tokenizer_files, serve, Replica, RunningReplica, SimError, TokenizerLoader};
+pub use tokenize::{PromptTokenizer, PromptTokens, WordPieceTokenizer};
 
 /// Response header naming the replica that served a request.
 pub const REPLICA_HEADER: &str = "x-kvsim-replica";
-
-/// One simulated replica.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ReplicaConfig {
-    /// Name reported in the replica header and metrics. Default `replica`.
-    pub name: String,
-    /// Listen address; port 0 picks a free one. Default `127.0.0.1:0`.
-    pub listen: SocketAddr,
-    /// Served model names (the first is the primary one). Default `[demo-model]`.
-    pub models: Vec<String>,
-    /// Time to first token before prompt costs, in ms. Default 10.
-    pub ttft_base_ms: f64,
-    /// Prefill cost per prompt token, in ms. Default 0.01.
-    pub prefill_ms_per_token: f64,
-    /// Time between output tokens, in ms. Default 2.
-    pub inter_token_ms: f64,
-    /// Output tokens when a request gives no `max_tokens`. Default 16.
-    pub default_max_tokens: u32,
-}
-
-impl Default for ReplicaConfig {
-    fn default() -> Self {
-        Self {
-            name: "replica".into(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            models: vec!["demo-model".into()],
-            ttft_base_ms: 10.0,
-            prefill_ms_per_token: 0.01,
-            inter_token_ms: 2.0,
-            default_max_tokens: 16,
-        }
-    }
-}
-
-/// Several replicas, as a YAML fleet file lists them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FleetConfig {
-    /// The replicas.
-    pub replicas: Vec<ReplicaConfig>,
-}

@@ -1,292 +1,292 @@
-//! The replica's HTTP server.
+//! The replica's OpenAI-compatible HTTP API: `/v1/completions`, `/v1/chat/completions` (SSE and
+//! JSON), `/v1/models`, `/health`, `/metrics`.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use super::{ReplicaConfig, REPLICA_HEADER};
-use crate::prefix::estimate_tokens;
-use crate::request::{self, ApiKind};
+use super::admin;
+use super::driver::{ClientSink, Command};
+use super::engine::{Engine, NewRequest, Output, Usage};
+use super::openai::{add_usage, error, ResponseMeta};
+use super::replica::Replica;
+use super::tokenize::PromptTokens;
+use crate::request::{self, ApiKind, ParsedRequest, Prompt, PromptInput};
 
-/// A running replica's shared state.
-#[derive(Debug)]
-pub struct Replica {
-    config: ReplicaConfig,
-    running: AtomicU64,
-    prompt_tokens_total: AtomicU64,
-    generation_tokens_total: AtomicU64,
-    requests_total: AtomicU64,
-}
-
-impl Replica {
-    /// A replica with `config`.
-    pub fn new(config: ReplicaConfig) -> Arc<Replica> {
-        Arc::new(Replica {
-            config,
-            running: AtomicU64::new(0),
-            prompt_tokens_total: AtomicU64::new(0),
-            generation_tokens_total: AtomicU64::new(0),
-            requests_total: AtomicU64::new(0),
-        })
-    }
-
-    /// The HTTP routes.
-    pub fn routes(self: Arc<Self>) -> Router {
-        let name = HeaderValue::from_str(&self.config.name)
-            .unwrap_or_else(|_| HeaderValue::from_static("replica"));
-        Router::new()
-            .route("/v1/completions", post(completions))
-            .route("/v1/chat/completions", post(chat))
-            .route("/v1/models", get(models))
-            .route("/health", get(|| async { StatusCode::OK }))
-            .route("/metrics", get(metrics))
-            // vLLM accepts large prompts; axum's default 2 MiB body limit would not.
-            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
-            .layer(axum::middleware::map_response(move |mut res: Response| {
-                let name = name.clone();
-                async move {
-                    res.headers_mut().insert(REPLICA_HEADER, name);
-                    res
-                }
-            }))
-            .with_state(self)
-    }
-}
-
-/// Binds `config.listen` and serves until the process ends. Returns the bound address through
-/// `on_bound` before serving.
-pub async fn run(
-    config: ReplicaConfig,
-) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    let addr = listener.local_addr()?;
-    let app = Replica::new(config).routes();
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("replica server failed: {e}");
-        }
-    });
-    Ok((addr, task))
-}
-
-fn error(status: StatusCode, message: String) -> Response {
-    (
-        status,
-        Json(json!({"error": {"message": message, "type": "BadRequestError", "param": null, "code": status.as_u16()}})),
-    )
-        .into_response()
-}
-
-async fn completions(State(r): State<Arc<Replica>>, body: Bytes) -> Response {
+pub(super) async fn completions(State(r): State<Arc<Replica>>, body: Bytes) -> Response {
     generate(r, ApiKind::Completions, body).await
 }
 
-async fn chat(State(r): State<Arc<Replica>>, body: Bytes) -> Response {
+pub(super) async fn chat(State(r): State<Arc<Replica>>, body: Bytes) -> Response {
     generate(r, ApiKind::ChatCompletions, body).await
 }
 
-async fn models(State(r): State<Arc<Replica>>) -> Json<Value> {
-    let data: Vec<Value> = r
+pub(super) async fn health(State(r): State<Arc<Replica>>) -> Response {
+    match admin::down_response(&r) {
+        Some(resp) => resp,
+        None => StatusCode::OK.into_response(),
+    }
+}
+
+pub(super) async fn models(State(r): State<Arc<Replica>>) -> Response {
+    if let Some(resp) = admin::down_response(&r) {
+        return resp;
+    }
+    let max_model_len = r.engine_cfg.max_model_len;
+    let created = r.started_unix_s;
+    let base = &r.config.models[0];
+    let mut data: Vec<Value> = r
         .config
         .models
         .iter()
-        .map(|m| json!({"id": m, "object": "model", "owned_by": "kvsim", "root": m}))
+        .map(|m| json!({"id": m, "object": "model", "created": created, "owned_by": "vllm", "root": m, "parent": null, "max_model_len": max_model_len}))
         .collect();
-    Json(json!({"object": "list", "data": data}))
+    data.extend(r.config.adapters.iter().map(|a| {
+        json!({"id": a, "object": "model", "created": created, "owned_by": "vllm", "root": a, "parent": base, "max_model_len": max_model_len})
+    }));
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
-async fn metrics(State(r): State<Arc<Replica>>) -> Response {
-    let model = r.config.models.first().cloned().unwrap_or_default();
-    let labels = format!("engine=\"0\",model_name=\"{model}\"");
-    let text = format!(
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
-         # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{{{labels}}} {running}\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\n\
-         vllm:num_requests_waiting{{{labels}}} 0\n\
-         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
-         # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{{{labels}}} 0.0\n\
-         # HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n\
-         # TYPE vllm:prompt_tokens_total counter\n\
-         vllm:prompt_tokens_total{{{labels}}} {prompt}\n\
-         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
-         # TYPE vllm:generation_tokens_total counter\n\
-         vllm:generation_tokens_total{{{labels}}} {generation}\n\
-         # HELP vllm:request_success_total Count of successfully processed requests.\n\
-         # TYPE vllm:request_success_total counter\n\
-         vllm:request_success_total{{{labels},finished_reason=\"length\"}} {requests}\n",
-        running = r.running.load(Ordering::Relaxed),
-        prompt = r.prompt_tokens_total.load(Ordering::Relaxed),
-        generation = r.generation_tokens_total.load(Ordering::Relaxed),
-        requests = r.requests_total.load(Ordering::Relaxed),
-    );
+pub(super) async fn metrics(State(r): State<Arc<Replica>>) -> Response {
+    if let Some(resp) = admin::down_response(&r) {
+        return resp;
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        text,
+        r.metrics.render(&r.info),
     )
         .into_response()
 }
 
-/// Decrements the running gauge when the request's response ends (or is dropped).
-struct Running(Arc<Replica>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.running.fetch_sub(1, Ordering::Relaxed);
+/// One prompt of a (possibly batched) request.
+fn split_prompts<'a>(req: &ParsedRequest<'a>) -> Vec<ParsedRequest<'a>> {
+    let one = |prompt: Prompt<'a>| ParsedRequest {
+        prompt,
+        ..req.clone()
+    };
+    match &req.prompt {
+        Prompt::Input(PromptInput::Texts(texts)) => texts
+            .iter()
+            .map(|t| one(Prompt::Input(PromptInput::Text(t.clone()))))
+            .collect(),
+        Prompt::Input(PromptInput::TokenLists(lists)) => lists
+            .iter()
+            .map(|ids| one(Prompt::Input(PromptInput::Tokens(ids.clone()))))
+            .collect(),
+        _ => vec![req.clone()],
     }
 }
 
 async fn generate(r: Arc<Replica>, api: ApiKind, body: Bytes) -> Response {
-    let (model, stream, max_tokens, prompt_tokens) = match request::parse(api, &body) {
-        Ok(req) => (
-            req.model.into_owned(),
-            req.stream,
-            req.max_tokens,
-            estimate_tokens(req.prompt.text_bytes()),
-        ),
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    if let Some(resp) = admin::fault_response(&r) {
+        return resp;
+    }
+    let req = match request::parse(api, &body) {
+        Ok(req) => req,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string(), e.param()),
     };
-    if !r.config.models.contains(&model) {
+    let model = req.model.to_string();
+    let lora = if r.config.models.contains(&model) {
+        None
+    } else if let Some(lora) = r.loras.get(&model) {
+        Some(lora.clone())
+    } else {
         return error(
             StatusCode::NOT_FOUND,
             format!("The model `{model}` does not exist."),
+            Some("model"),
         );
-    }
-    let output_tokens = max_tokens
-        .unwrap_or(u64::from(r.config.default_max_tokens))
-        .max(1);
-    r.running.fetch_add(1, Ordering::Relaxed);
-    r.requests_total.fetch_add(1, Ordering::Relaxed);
-    r.prompt_tokens_total
-        .fetch_add(prompt_tokens, Ordering::Relaxed);
-    let running = Running(Arc::clone(&r));
-    let ttft = Duration::from_secs_f64(
-        (r.config.ttft_base_ms + r.config.prefill_ms_per_token * prompt_tokens as f64) / 1e3,
-    );
-    let itl = Duration::from_secs_f64(r.config.inter_token_ms / 1e3);
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let id = format!(
-        "cmpl-{}-{}",
-        r.config.name,
-        r.requests_total.load(Ordering::Relaxed)
-    );
-    let usage = json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": output_tokens,
-        "total_tokens": prompt_tokens + output_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    });
-    let chat = api == ApiKind::ChatCompletions;
-    let object = if chat {
-        "chat.completion"
-    } else {
-        "text_completion"
     };
-
-    if !stream {
-        tokio::time::sleep(ttft + itl * (output_tokens.saturating_sub(1) as u32)).await;
-        r.generation_tokens_total
-            .fetch_add(output_tokens, Ordering::Relaxed);
-        let text = filler(0, output_tokens);
-        let choice = if chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
-        } else {
-            json!({"index": 0, "text": text, "finish_reason": "length"})
+    let number = r.request_count.fetch_add(1, Ordering::Relaxed);
+    let mut prompts: Vec<(PromptTokens, u32)> = Vec::new();
+    for one in split_prompts(&req) {
+        let tokens = match r.tokenizer.tokens(&one) {
+            Ok(t) => t,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string(), None),
         };
-        drop(running);
-        return Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage}))
-            .into_response();
-    }
-
-    let chunk_object = if chat {
-        "chat.completion.chunk"
-    } else {
-        "text_completion"
-    };
-    let events = async_stream(move |tx| async move {
-        let _running = running;
-        tokio::time::sleep(ttft).await;
-        for i in 0..output_tokens {
-            if i > 0 {
-                tokio::time::sleep(itl).await;
+        let max_tokens = match req.max_tokens {
+            Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+            None => {
+                let room = (r.engine_cfg.max_model_len as usize).saturating_sub(tokens.ids.len());
+                r.default_output_tokens(number).min(room as u32).max(1)
             }
-            let piece = filler(i, 1);
-            let finish = (i + 1 == output_tokens).then_some("length");
-            let choice = if chat {
-                let mut delta = json!({"content": piece});
-                if i == 0 {
-                    delta["role"] = json!("assistant");
-                }
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
-            } else {
-                json!({"index": 0, "text": piece, "finish_reason": finish})
-            };
-            let event = json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
-            if tx.send(format!("data: {event}\n\n")).await.is_err() {
-                return; // client went away
-            }
-            r.generation_tokens_total.fetch_add(1, Ordering::Relaxed);
+        };
+        if let Err(e) = Engine::<ClientSink>::check(&r.engine_cfg, tokens.ids.len(), max_tokens) {
+            let param = matches!(e, super::engine::AdmitError::NoOutput).then_some("max_tokens");
+            return error(StatusCode::BAD_REQUEST, e.to_string(), param);
         }
-        let event = json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [], "usage": usage});
-        let _ = tx.send(format!("data: {event}\n\n")).await;
-        let _ = tx.send("data: [DONE]\n\n".to_string()).await;
+        prompts.push((tokens, max_tokens));
+    }
+    // A request that names its length stops there ("length"); otherwise the simulated model
+    // stops on its own ("stop").
+    let finish = if req.max_tokens.is_some() {
+        "length"
+    } else {
+        "stop"
+    };
+    let maxes: Vec<u32> = prompts.iter().map(|(_, m)| *m).collect();
+    let cache_salt: Option<Box<str>> = req.cache_salt.as_deref().map(Into::into);
+    let stream = req.stream;
+    let chat = api == ApiKind::ChatCompletions;
+    let meta = ResponseMeta {
+        id: format!(
+            "{}-{}-{number}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            r.config.name
+        ),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model,
+        chat,
+    };
+    drop(req);
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let arrival = Instant::now();
+    for (choice, (prompt, max_tokens)) in prompts.into_iter().enumerate() {
+        let submit = Command::Submit(Box::new(NewRequest {
+            prompt,
+            max_tokens,
+            lora: lora.clone(),
+            cache_salt: cache_salt.clone(),
+            sink: ClientSink {
+                choice: choice as u32,
+                tx: tx.clone(),
+            },
+            arrival,
+        }));
+        if r.tx.send(submit).is_err() {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the engine is not running",
+                None,
+            );
+        }
+    }
+    drop(tx);
+
+    if stream {
+        stream_response(rx, meta, maxes, finish)
+    } else {
+        full_response(rx, meta, maxes, finish).await
+    }
+}
+
+async fn full_response(
+    mut rx: mpsc::UnboundedReceiver<(u32, Output)>,
+    meta: ResponseMeta,
+    maxes: Vec<u32>,
+    finish: &'static str,
+) -> Response {
+    let mut left = maxes.len();
+    let mut usage = Usage::default();
+    while left > 0 {
+        match rx.recv().await {
+            Some((_, Output::Token { .. })) => {}
+            Some((_, Output::Finished(u))) => {
+                add_usage(&mut usage, &u);
+                left -= 1;
+            }
+            Some((_, Output::Aborted(reason))) => {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("request aborted by the engine ({reason})"),
+                    None,
+                )
+            }
+            None => {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped", None);
+            }
+        }
+    }
+    let choices: Vec<(u32, &'static str)> = maxes.iter().map(|&m| (m, finish)).collect();
+    Json(meta.full_response(&choices, &usage)).into_response()
+}
+
+struct SseState {
+    rx: mpsc::UnboundedReceiver<(u32, Output)>,
+    meta: ResponseMeta,
+    prefix: String,
+    maxes: Vec<u32>,
+    finish: &'static str,
+    left: usize,
+    usage: Usage,
+    ended: bool,
+}
+
+fn stream_response(
+    rx: mpsc::UnboundedReceiver<(u32, Output)>,
+    meta: ResponseMeta,
+    maxes: Vec<u32>,
+    finish: &'static str,
+) -> Response {
+    let state = SseState {
+        rx,
+        prefix: meta.chunk_prefix(),
+        meta,
+        left: maxes.len(),
+        maxes,
+        finish,
+        usage: Usage::default(),
+        ended: false,
+    };
+    let stream = futures::stream::unfold(state, |mut s| async move {
+        if s.ended {
+            return None;
+        }
+        loop {
+            let chunk = match s.rx.recv().await? {
+                (choice, Output::Token { index }) => {
+                    let last = s
+                        .maxes
+                        .get(choice as usize)
+                        .is_some_and(|&m| index + 1 == m);
+                    let token =
+                        s.meta
+                            .token_chunk(&s.prefix, choice, index, last.then_some(s.finish));
+                    if s.meta.chat && index == 0 {
+                        let mut out = s.meta.role_chunk(&s.prefix, choice);
+                        out.push_str(&token);
+                        out
+                    } else {
+                        token
+                    }
+                }
+                (_, Output::Finished(u)) => {
+                    add_usage(&mut s.usage, &u);
+                    s.left -= 1;
+                    if s.left > 0 {
+                        continue;
+                    }
+                    s.ended = true;
+                    s.meta.usage_and_done(&s.usage)
+                }
+                (_, Output::Aborted(reason)) => {
+                    s.ended = true;
+                    ResponseMeta::stream_error(&format!("request aborted by the engine ({reason})"))
+                }
+            };
+            return Some((Ok::<_, Infallible>(Bytes::from(chunk)), s));
+        }
     });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(events)
+        .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-/// A body fed by a producer task through a channel.
-fn async_stream<F, Fut>(producer: F) -> Body
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<String>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel::<String>(16);
-    tokio::spawn(producer(tx));
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
-        .map(|s| Ok::<_, Infallible>(Bytes::from(s)));
-    Body::from_stream(stream)
-}
-
-use tokio_stream::StreamExt as _;
-
-/// Deterministic filler text: `count` words starting at word `start`.
-fn filler(start: u64, count: u64) -> String {
-    const WORDS: [&str; 8] = [
-        "lorem",
-        "ipsum",
-        "dolor",
-        "sit",
-        "amet",
-        "consectetur",
-        "adipiscing",
-        "elit",
-    ];
-    (start..start + count)
-        .map(|i| WORDS[(i % WORDS.len() as u64) as usize])
-        .collect::<Vec<_>>()
-        .join(" ")
-        + " "
 }

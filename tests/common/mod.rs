@@ -172,8 +172,14 @@ pub struct Replica {
 
 /// Starts a kvsim replica serving `models`.
 pub fn start_replica(dir: &Path, name: &str, models: &[&str]) -> Replica {
+    start_replica_with(dir, name, models, &[])
+}
+
+/// Starts a kvsim replica serving `models`, with extra command-line flags.
+pub fn start_replica_with(dir: &Path, name: &str, models: &[&str], extra: &[&str]) -> Replica {
     let mut cmd = Command::new(KVSIM);
-    cmd.args(["--name", name, "--listen", "127.0.0.1:0"]);
+    cmd.args(["--name", name, "--listen", "127.0.0.1:0"])
+        .args(extra);
     for m in models {
         cmd.args(["--model", m]);
     }
@@ -473,6 +479,28 @@ pub async fn reply(resp: reqwest::Response) -> Reply {
     }
 }
 
+/// Checks an SSE body is a complete generation of `tokens` tokens: one event per token (plus
+/// vLLM's leading role event for chat), a usage event, then `[DONE]`.
+pub fn assert_complete_stream(body: &str, tokens: u64) {
+    let events = sse_events(body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let usage: serde_json::Value =
+        serde_json::from_str(&events[events.len() - 2]).expect("usage event");
+    assert_eq!(usage["usage"]["completion_tokens"], tokens, "{usage}");
+    let with_text = events[..events.len() - 2]
+        .iter()
+        .filter(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).expect("event JSON");
+            let c = &v["choices"][0];
+            c["delta"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count() as u64;
+    assert_eq!(with_text, tokens, "one event per generated token");
+}
+
 /// The `data:` payloads of an SSE body, `[DONE]` included.
 pub fn sse_events(body: &str) -> Vec<String> {
     body.split("\n\n")
@@ -499,6 +527,8 @@ pub struct StackOptions<'a> {
     pub body_mode: kvrouter::envoyconf::BodyMode,
     /// Include Envoy's response observer filter.
     pub observe: bool,
+    /// Extra kvsim flags for every replica.
+    pub replica_args: &'a [&'a str],
 }
 
 impl Default for StackOptions<'_> {
@@ -509,6 +539,7 @@ impl Default for StackOptions<'_> {
             cluster: kvrouter::envoyconf::ClusterStyle::OverrideHost,
             body_mode: kvrouter::envoyconf::BodyMode::Buffered,
             observe: true,
+            replica_args: &[],
         }
     }
 }
@@ -518,7 +549,7 @@ impl Stack {
     pub async fn start(o: StackOptions<'_>) -> Stack {
         let dir = tempfile::tempdir().expect("tempdir");
         let replicas: Vec<Replica> = (0..o.replicas)
-            .map(|i| start_replica(dir.path(), &format!("r{i}"), &[MODEL]))
+            .map(|i| start_replica_with(dir.path(), &format!("r{i}"), &[MODEL], o.replica_args))
             .collect();
         let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
         let router = start_router(
