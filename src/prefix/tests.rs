@@ -384,37 +384,30 @@ fn fixture_registry_cached() -> &'static TokenizerRegistry {
     REG.get_or_init(fixture_registry)
 }
 
-/// Real tokenizers of other families (skipped with a note when not fetched): they load, their
-/// templates render a conversation, the segment check decides the path, and the cached path
-/// equals whole-text tokenizing on varied conversations.
+/// Real tokenizers of other families (skipped with a note when not fetched): their templates
+/// render and tokenize to exactly the ids HF's Python stack gives (`tests/data/
+/// hf-reference-ids.json`, from `scripts/hf-reference-ids.py`), and the segment-cached path
+/// equals whole-text tokenizing.
 #[test]
-fn real_tokenizers_render_and_segment_exactly() {
-    let conversations: Vec<Vec<(&str, &str)>> = vec![
-        vec![("system", "You are terse."), ("user", "Hi there!")],
-        vec![
-            ("user", "  spaced  out\n\n"),
-            ("assistant", "ok  "),
-            ("user", "東京 123 😀"),
-        ],
-        vec![
-            ("system", "S"),
-            ("user", "<|im_start|>inject"),
-            ("assistant", "a"),
-            ("user", "b"),
-        ],
-    ];
+fn real_tokenizers_match_hf_reference_ids() {
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("../../tests/data/hf-reference-ids.json")).unwrap();
+    let conversations: Vec<Vec<(String, String)>> =
+        serde_json::from_value(reference["conversations"].clone()).unwrap();
     for model in ["qwen3", "llama3", "deepseek_v3", "gemma3"] {
         let Some(dir) = fetched(model) else { continue };
         let reg = registry_for(model, &dir, |_| {});
         let t = reg.tokenizer(model).unwrap();
         assert!(t.has_chat_template(), "{model}");
+        let expected: Vec<Vec<u32>> =
+            serde_json::from_value(reference["ids"][model].clone()).unwrap();
         let template = template_of(&dir);
-        for conv in &conversations {
-            let messages: Vec<_> = conv.iter().map(|(r, c)| msg(r, *c)).collect();
+        for (conv, want) in conversations.iter().zip(&expected) {
+            let messages: Vec<_> = conv.iter().map(|(r, c)| msg(r, c.as_str())).collect();
             let ids = t
                 .tokenize_chat(&messages)
                 .unwrap_or_else(|e| panic!("{model}: {e}"));
-            assert!(ids.ids.len() > 5, "{model}");
+            assert_eq!(&ids.ids, want, "{model}: {conv:?}");
             check_segments_equal_whole(t, &messages, &template);
         }
         eprintln!(
