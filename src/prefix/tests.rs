@@ -20,11 +20,14 @@ pub(crate) fn fixture_dir() -> PathBuf {
         .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
 }
 
-/// `.cache/tokenizers/<model>` when fetched, else `None` (with a note on stderr).
+/// `<dir>/<model>` when fetched, else `None` (with a note on stderr). `<dir>` is
+/// `$KVROUTER_TOKENIZERS_DIR` if set, else `.cache/tokenizers` (`scripts/fetch-tokenizers.sh`'s
+/// default destination).
 fn fetched(model: &str) -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/tokenizers")
-        .join(model);
+    let base = std::env::var_os("KVROUTER_TOKENIZERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers"));
+    let dir = base.join(model);
     if dir.join("tokenizer.json").is_file() {
         Some(dir)
     } else {
