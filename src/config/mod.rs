@@ -34,6 +34,10 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// What kvrouter tells a standalone Envoy directly.
     pub envoy: EnvoyConfig,
+    /// How tenants are identified and whose prefix caches they may share.
+    pub tenancy: TenancyConfig,
+    /// The cache-ownership index: per-endpoint capacity and prediction lifetime.
+    pub cache_index: CacheIndexConfig,
 }
 
 /// Outputs for a standalone Envoy (a gateway with its own endpoint discovery needs none).
@@ -176,11 +180,97 @@ impl Default for LeastLoadedConfig {
 }
 
 /// Per-model settings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// The model name as clients send it in `model`. Required.
     pub name: String,
+    /// The model's Hugging Face tokenizer: a `tokenizer.json` file, or a directory holding
+    /// `tokenizer.json` and optionally `tokenizer_config.json` and `chat_template.jinja` (each
+    /// used when present and not given below). Relative paths are relative to the config file's
+    /// directory. Default: none, and prompt lengths and block hashes use the byte estimate
+    /// (4 bytes per token, hashes over byte chunks).
+    pub tokenizer: Option<String>,
+    /// The model's `tokenizer_config.json` (special tokens, and the chat template unless
+    /// `chat_template` is set). Default: the one in the `tokenizer` directory, if any.
+    pub tokenizer_config: Option<String>,
+    /// A Jinja chat template file overriding the one in `tokenizer_config.json`. Default: the
+    /// `chat_template.jinja` in the `tokenizer` directory, if any.
+    pub chat_template: Option<String>,
+    /// Tokens per prefix block hashed by the router, 1..=4096. The engine's own block size may
+    /// differ (its KV events are re-chunked). Default 16.
+    pub block_size_tokens: u32,
+    /// At most this many prompt tokens are tokenized and hashed per request (the rest of a long
+    /// prompt is counted by estimate), bounding the work a huge body costs. Must be at least
+    /// `block_size_tokens`. Default 32768.
+    pub max_prefix_tokens: u32,
+    /// Token ids kept in the per-message token cache (segments of rendered prompts, e.g. shared
+    /// system prompts), about 4 bytes each plus a small per-segment overhead. 0 disables the
+    /// cache. Default 1048576.
+    pub token_cache_tokens: u64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            tokenizer: None,
+            tokenizer_config: None,
+            chat_template: None,
+            block_size_tokens: 16,
+            max_prefix_tokens: 32_768,
+            token_cache_tokens: 1 << 20,
+        }
+    }
+}
+
+/// How a request's tenant is found, and which tenants share prefix caches.
+///
+/// Each tenant's prompts hash in their own namespace, so one tenant's cached blocks never
+/// attract (or reveal timing of) another's requests; vLLM's `cache_salt` body field separates
+/// further. Tenants listed together in a share group use one namespace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenancyConfig {
+    /// A request header naming the tenant, set by a trusted gateway (clients must not be able to
+    /// set it). Lowercase. Default: none, and all requests share one namespace.
+    pub header: Option<String>,
+    /// Groups of tenants that share one prefix-cache namespace. A tenant may be in at most one
+    /// group. Default: none (every tenant is isolated).
+    pub share_groups: Vec<ShareGroupConfig>,
+}
+
+/// Tenants that share a prefix-cache namespace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShareGroupConfig {
+    /// Group name, unique. Required.
+    pub name: String,
+    /// Tenant ids (values of the tenancy header). At least one.
+    pub tenants: Vec<String>,
+}
+
+/// The cache-ownership index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheIndexConfig {
+    /// Blocks (of the model's `block_size_tokens`) remembered per endpoint before the least
+    /// recently used are evicted, when the endpoint's own capacity is not known (from its
+    /// `vllm:cache_config_info`). Must be > 0. Default 31250 (16-token blocks: 500k tokens, an
+    /// 8B model's KV cache on an 80 GB GPU).
+    pub default_capacity_blocks: u64,
+    /// How long a block predicted from our own routing decision counts as cached, in
+    /// milliseconds, unless the engine's KV events confirm it. Must be > 0. Default 120000.
+    pub prediction_ttl_ms: u64,
+}
+
+impl Default for CacheIndexConfig {
+    fn default() -> Self {
+        Self {
+            default_capacity_blocks: 31_250,
+            prediction_ttl_ms: 120_000,
+        }
+    }
 }
 
 /// A group of endpoints. Pool-level `models` / `adapters` apply to endpoints that list none.

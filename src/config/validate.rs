@@ -93,20 +93,108 @@ impl Config {
             self.policy.least_loaded.tokens_per_request,
         );
 
+        self.validate_models(&mut errors);
+        self.validate_tenancy(&mut errors);
+        if self.cache_index.default_capacity_blocks == 0 {
+            errors.push("cache_index.default_capacity_blocks", "must be > 0");
+        }
+        if self.cache_index.prediction_ttl_ms == 0 {
+            errors.push("cache_index.prediction_ttl_ms", "must be > 0");
+        }
+        self.validate_pools(&mut errors);
+        errors.0
+    }
+
+    fn validate_models(&self, errors: &mut Errors) {
         let mut model_names = HashSet::new();
         for (i, model) in self.models.iter().enumerate() {
+            let at = format!("models[{i}]");
             if model.name.trim().is_empty() {
-                errors.push(format!("models[{i}].name"), "is required");
+                errors.push(format!("{at}.name"), "is required");
             } else if !model_names.insert(model.name.as_str()) {
                 errors.push(
-                    format!("models[{i}].name"),
+                    format!("{at}.name"),
                     format!("{:?} is listed twice", model.name),
                 );
             }
+            if !(1..=4096).contains(&model.block_size_tokens) {
+                errors.push(
+                    format!("{at}.block_size_tokens"),
+                    format!("must be in 1..=4096 (got {})", model.block_size_tokens),
+                );
+            } else if model.max_prefix_tokens < model.block_size_tokens {
+                errors.push(
+                    format!("{at}.max_prefix_tokens"),
+                    format!(
+                        "must be at least block_size_tokens ({}) (got {})",
+                        model.block_size_tokens, model.max_prefix_tokens
+                    ),
+                );
+            }
+            for (field, value) in [
+                ("tokenizer", &model.tokenizer),
+                ("tokenizer_config", &model.tokenizer_config),
+                ("chat_template", &model.chat_template),
+            ] {
+                if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                    errors.push(format!("{at}.{field}"), "must not be empty when set");
+                }
+            }
+            if model.tokenizer.is_none()
+                && (model.tokenizer_config.is_some() || model.chat_template.is_some())
+            {
+                errors.push(
+                    format!("{at}.tokenizer"),
+                    "is required when tokenizer_config or chat_template is set",
+                );
+            }
         }
+    }
 
-        self.validate_pools(&mut errors);
-        errors.0
+    fn validate_tenancy(&self, errors: &mut Errors) {
+        if let Some(header) = &self.tenancy.header {
+            if !is_header_name(header) {
+                errors.push(
+                    "tenancy.header",
+                    format!("{header:?} is not a lowercase HTTP header name"),
+                );
+            }
+        }
+        let mut group_names = HashSet::new();
+        let mut grouped: std::collections::HashMap<&str, usize> = Default::default();
+        for (g, group) in self.tenancy.share_groups.iter().enumerate() {
+            let at = format!("tenancy.share_groups[{g}]");
+            if group.name.trim().is_empty() {
+                errors.push(format!("{at}.name"), "is required");
+            } else if !group_names.insert(group.name.as_str()) {
+                errors.push(
+                    format!("{at}.name"),
+                    format!("{:?} is used by another group", group.name),
+                );
+            }
+            if group.tenants.is_empty() {
+                errors.push(format!("{at}.tenants"), "must list at least one tenant");
+            }
+            for (t, tenant) in group.tenants.iter().enumerate() {
+                if tenant.is_empty() {
+                    errors.push(format!("{at}.tenants[{t}]"), "must not be empty");
+                } else if let Some(first) = grouped.insert(tenant.as_str(), g) {
+                    errors.push(
+                        format!("{at}.tenants[{t}]"),
+                        format!(
+                            "{tenant:?} is already in tenancy.share_groups[{first}]; a tenant \
+                             may be in one group"
+                        ),
+                    );
+                }
+            }
+        }
+        if self.tenancy.header.is_none() && !self.tenancy.share_groups.is_empty() {
+            errors.push(
+                "tenancy.share_groups",
+                "has no effect without tenancy.header (no request has a tenant)",
+            );
+        }
     }
 
     fn validate_pools(&self, errors: &mut Errors) {
@@ -187,6 +275,15 @@ mod tests {
     use super::*;
 
     const GOOD: &str = r#"
+models:
+  - name: m1
+    tokenizer: tokenizers/m1
+    block_size_tokens: 32
+tenancy:
+  header: x-tenant-id
+  share_groups:
+    - name: acme
+      tenants: [acme-prod, acme-staging]
 pools:
   - name: a
     models: [m1]
@@ -218,6 +315,10 @@ pools:
         assert_eq!(eps[1].adapters, vec!["lora-x"]);
         assert_eq!(eps[1].weight, 2.0);
         assert_eq!(eps[1].address.to_string(), "[::1]:8002");
+        assert_eq!(config.models[0].block_size_tokens, 32);
+        assert_eq!(config.models[0].max_prefix_tokens, 32_768, "default");
+        assert_eq!(config.tenancy.share_groups[0].tenants.len(), 2);
+        assert_eq!(config.cache_index.prediction_ttl_ms, 120_000, "default");
     }
 
     #[test]
@@ -263,6 +364,50 @@ pools:
             (
                 "models: [{name: m}, {name: m}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "models[1].name: \"m\" is listed twice",
+            ),
+            (
+                "models: [{name: m, block_size_tokens: 0}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].block_size_tokens: must be in 1..=4096 (got 0)",
+            ),
+            (
+                "models: [{name: m, block_size_tokens: 32, max_prefix_tokens: 16}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].max_prefix_tokens: must be at least block_size_tokens (32) (got 16)",
+            ),
+            (
+                "models: [{name: m, chat_template: t.jinja}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].tokenizer: is required when tokenizer_config or chat_template is set",
+            ),
+            (
+                "models: [{name: m, tokenizer: ' '}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].tokenizer: must not be empty when set",
+            ),
+            (
+                "tenancy: {header: X-Tenant}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "tenancy.header: \"X-Tenant\" is not a lowercase HTTP header name",
+            ),
+            (
+                "tenancy: {header: x-tenant, share_groups: [{name: g, tenants: [a, b]}, {name: h, tenants: [b]}]}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "tenancy.share_groups[1].tenants[0]: \"b\" is already in tenancy.share_groups[0]",
+            ),
+            (
+                "tenancy: {header: x-tenant, share_groups: [{name: g, tenants: [a]}, {name: g, tenants: []}]}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "tenancy.share_groups[1].name: \"g\" is used by another group",
+            ),
+            (
+                "tenancy: {header: x-tenant, share_groups: [{name: g}]}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "tenancy.share_groups[0].tenants: must list at least one tenant",
+            ),
+            (
+                "tenancy: {share_groups: [{name: g, tenants: [a]}]}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "tenancy.share_groups: has no effect without tenancy.header",
+            ),
+            (
+                "cache_index: {default_capacity_blocks: 0, prediction_ttl_ms: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "cache_index.default_capacity_blocks: must be > 0",
+            ),
+            (
+                "cache_index: {prediction_ttl_ms: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "cache_index.prediction_ttl_ms: must be > 0",
             ),
         ];
         for (yaml, expected) in cases {

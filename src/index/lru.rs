@@ -1,0 +1,185 @@
+//! One endpoint's recency order over its blocks: a doubly linked list in a slab, so touching,
+//! adding and evicting are O(1) and a node is 16 bytes. Slots are handed to the shard entries so
+//! a block found by hash can be touched or unlinked without a second map.
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    hash: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// The recency list and capacity of one endpoint.
+#[derive(Debug)]
+pub(crate) struct EndpointLru {
+    nodes: Vec<Node>,
+    /// Most recently used.
+    head: u32,
+    /// Least recently used: evicted first.
+    tail: u32,
+    /// First free slot (free slots are chained through `next`).
+    free: u32,
+    len: usize,
+    /// Most blocks kept.
+    pub(crate) capacity: usize,
+    /// Blocks confirmed by engine events (the rest are predictions).
+    pub(crate) confirmed: usize,
+}
+
+impl EndpointLru {
+    pub(crate) fn new(capacity: usize) -> EndpointLru {
+        EndpointLru {
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            free: NIL,
+            len: 0,
+            capacity,
+            confirmed: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn over_capacity(&self) -> bool {
+        self.len > self.capacity
+    }
+
+    /// Adds `hash` as most recently used; returns its slot.
+    pub(crate) fn push_front(&mut self, hash: u64) -> u32 {
+        let node = Node {
+            hash,
+            prev: NIL,
+            next: self.head,
+        };
+        let slot = if self.free != NIL {
+            let slot = self.free;
+            self.free = self.nodes[slot as usize].next;
+            self.nodes[slot as usize] = node;
+            slot
+        } else {
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as u32
+        };
+        if self.head != NIL {
+            self.nodes[self.head as usize].prev = slot;
+        }
+        self.head = slot;
+        if self.tail == NIL {
+            self.tail = slot;
+        }
+        self.len += 1;
+        slot
+    }
+
+    /// Marks `slot` most recently used.
+    pub(crate) fn touch(&mut self, slot: u32) {
+        if self.head == slot {
+            return;
+        }
+        self.unlink(slot);
+        let node = &mut self.nodes[slot as usize];
+        node.prev = NIL;
+        node.next = self.head;
+        if self.head != NIL {
+            self.nodes[self.head as usize].prev = slot;
+        }
+        self.head = slot;
+        if self.tail == NIL {
+            self.tail = slot;
+        }
+    }
+
+    /// Removes `slot`; returns its hash.
+    pub(crate) fn remove(&mut self, slot: u32) -> u64 {
+        self.unlink(slot);
+        let hash = self.nodes[slot as usize].hash;
+        self.nodes[slot as usize].next = self.free;
+        self.free = slot;
+        self.len -= 1;
+        hash
+    }
+
+    /// The least recently used slot and its hash.
+    pub(crate) fn lru(&self) -> Option<(u32, u64)> {
+        (self.tail != NIL).then(|| (self.tail, self.nodes[self.tail as usize].hash))
+    }
+
+    /// Every (slot, hash), most recent first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            if at == NIL {
+                return None;
+            }
+            let slot = at;
+            let node = self.nodes[slot as usize];
+            at = node.next;
+            Some((slot, node.hash))
+        })
+    }
+
+    /// Forgets every block (capacity kept), releasing memory.
+    pub(crate) fn clear(&mut self) {
+        *self = EndpointLru::new(self.capacity);
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<Node>()
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let Node { prev, next, .. } = self.nodes[slot as usize];
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            self.head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            self.tail = prev;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(lru: &EndpointLru) -> Vec<u64> {
+        lru.iter().map(|(_, h)| h).collect()
+    }
+
+    #[test]
+    fn recency_order_touch_remove_and_slot_reuse() {
+        let mut lru = EndpointLru::new(10);
+        let a = lru.push_front(1);
+        let b = lru.push_front(2);
+        let c = lru.push_front(3);
+        assert_eq!(order(&lru), [3, 2, 1]);
+        assert_eq!(lru.lru(), Some((a, 1)));
+        lru.touch(a);
+        assert_eq!(order(&lru), [1, 3, 2]);
+        lru.touch(a); // already head
+        assert_eq!(lru.remove(b), 2);
+        assert_eq!(order(&lru), [1, 3]);
+        assert_eq!(lru.lru(), Some((c, 3)));
+        let d = lru.push_front(4);
+        assert_eq!(d, b, "freed slot reused");
+        assert_eq!(order(&lru), [4, 1, 3]);
+        lru.remove(c);
+        lru.remove(a);
+        lru.remove(d);
+        assert_eq!(lru.len(), 0);
+        assert_eq!(lru.lru(), None);
+        lru.push_front(5);
+        assert_eq!(order(&lru), [5]);
+        assert_eq!(std::mem::size_of::<Node>(), 16);
+    }
+}

@@ -1,0 +1,470 @@
+//! Cache ownership: which endpoints hold which prefix blocks.
+//!
+//! Keyed by our own block hashes ([`crate::prefix::BlockHasher`]), each block maps to the
+//! endpoints holding it, with where the claim comes from: a **prediction** from our own routing
+//! decision (expires after a TTL unless confirmed), or **confirmed** by the engine's KV events,
+//! on one or more media (GPU, CPU offload...). Each endpoint has a capacity in blocks and a
+//! recency order; past capacity its least recently used block is dropped (a re-insert refreshes
+//! a block; the router re-inserts a request's whole prefix for the endpoint it picked, so a hit
+//! refreshes). Insertion goes from the last block to the first, so an endpoint's prefix blocks
+//! are more recent than their tails and tails are dropped first, as vLLM evicts.
+//!
+//! [`OwnershipIndex::lookup`] gives, per candidate, its longest run of held blocks from block 0,
+//! walking the request's hashes only while some candidate still matches: time proportional to the
+//! matched length (times the holders per block), not to the prompt or the index.
+//!
+//! Concurrency: the block map is split into shards, each behind a `parking_lot` read-write lock;
+//! each endpoint's recency list is behind its own mutex. A lookup takes shard read locks one at a
+//! time, briefly, and never an endpoint lock, so it never waits on an insert for more than one
+//! shard update. Writers take the endpoint's lock, then one shard lock at a time. No lock is
+//! held across an `.await` (nothing here is async). A lookup racing an insert may see part of it.
+//!
+//! Memory: a (block, endpoint) entry costs a 16-byte holder in the block map (inline when the
+//! block has one holder), a 16-byte recency node, and a share of the block's map entry (40 bytes
+//! plus hash-table slack); [`OwnershipIndex::stats`] reports the total from the allocated
+//! capacities, and `benches/index.rs` measures it with a counting allocator.
+
+mod clock;
+mod interner;
+mod lru;
+mod shard;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+pub use clock::{Clock, ManualClock, TokioClock};
+pub use interner::EndpointInterner;
+
+use lru::EndpointLru;
+use shard::{shard_heap_bytes, Holder, Holders, ShardMap, MAX_ENDPOINT_ID};
+
+use crate::config::CacheIndexConfig;
+
+/// A small dense endpoint id, from [`EndpointInterner`]. At most 2^24 - 1.
+pub type EndpointId = u32;
+
+/// Where a block's KV lives on an endpoint, as the engine reports it (`medium` in vLLM's KV
+/// events). Faster media should weigh more in a match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    /// Accelerator memory (vLLM's `"GPU"`, and the default when the event gives none).
+    Gpu,
+    /// Host memory offload (`"CPU"`).
+    Cpu,
+    /// Anything slower (disk, remote), by any other name.
+    Other,
+}
+
+impl Medium {
+    /// Parses an engine's medium name (case-insensitive); `None` is GPU.
+    pub fn from_engine(name: Option<&str>) -> Medium {
+        match name {
+            None => Medium::Gpu,
+            Some(n) if n.eq_ignore_ascii_case("gpu") || n.eq_ignore_ascii_case("cuda") => {
+                Medium::Gpu
+            }
+            Some(n) if n.eq_ignore_ascii_case("cpu") => Medium::Cpu,
+            Some(_) => Medium::Other,
+        }
+    }
+
+    pub(crate) fn bit(self) -> u8 {
+        match self {
+            Medium::Gpu => 1,
+            Medium::Cpu => 2,
+            Medium::Other => 4,
+        }
+    }
+}
+
+/// What one candidate holds of a request's prefix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Consecutive blocks held from block 0 (multiply by the block size for tokens).
+    pub blocks: u32,
+    /// Of those, blocks the engine's events confirmed (the rest are live predictions).
+    pub confirmed_blocks: u32,
+    /// Of the confirmed, blocks held only on a medium slower than GPU.
+    pub offloaded_blocks: u32,
+}
+
+impl PrefixMatch {
+    /// Blocks matched only by our own (unexpired) predictions.
+    pub fn predicted_blocks(&self) -> u32 {
+        self.blocks - self.confirmed_blocks
+    }
+}
+
+/// Index settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexOptions {
+    /// Capacity of an endpoint whose own is not set, in blocks. Default 31250.
+    pub default_capacity_blocks: usize,
+    /// How long a prediction counts unless confirmed. Default 120 s.
+    pub prediction_ttl: Duration,
+    /// Shards of the block map (rounded up to a power of two). Default 64.
+    pub shards: usize,
+}
+
+impl Default for IndexOptions {
+    fn default() -> Self {
+        IndexOptions::from(&CacheIndexConfig::default())
+    }
+}
+
+impl From<&CacheIndexConfig> for IndexOptions {
+    fn from(c: &CacheIndexConfig) -> Self {
+        IndexOptions {
+            default_capacity_blocks: usize::try_from(c.default_capacity_blocks)
+                .unwrap_or(usize::MAX),
+            prediction_ttl: Duration::from_millis(c.prediction_ttl_ms),
+            shards: 64,
+        }
+    }
+}
+
+/// Entries and capacity of one endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// The endpoint.
+    pub endpoint: EndpointId,
+    /// Blocks held (including predictions that expired but were not yet evicted).
+    pub blocks: usize,
+    /// Of those, blocks confirmed by engine events.
+    pub confirmed_blocks: usize,
+    /// Its capacity in blocks.
+    pub capacity_blocks: usize,
+}
+
+/// A snapshot of the index's size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Distinct block hashes.
+    pub blocks: usize,
+    /// (block, endpoint) entries.
+    pub entries: usize,
+    /// Per endpoint that ever held a block.
+    pub endpoints: Vec<EndpointStats>,
+    /// Heap bytes of the block map and recency lists, from allocated capacities.
+    pub heap_bytes: usize,
+}
+
+/// Why an index call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    /// The endpoint id does not fit an entry (more than 2^24 - 1 endpoints were interned).
+    #[error("endpoint id {0} is out of range (max {MAX_ENDPOINT_ID})")]
+    EndpointOutOfRange(EndpointId),
+}
+
+/// Block hash -> endpoints, with per-endpoint capacity, LRU eviction and prediction expiry.
+#[derive(Debug)]
+pub struct OwnershipIndex {
+    shards: Box<[RwLock<ShardMap>]>,
+    shard_mask: usize,
+    endpoints: RwLock<Vec<Option<Arc<Mutex<EndpointLru>>>>>,
+    options: IndexOptions,
+    clock: Arc<dyn Clock>,
+}
+
+impl OwnershipIndex {
+    /// An empty index.
+    pub fn new(options: IndexOptions, clock: Arc<dyn Clock>) -> OwnershipIndex {
+        let n = options.shards.max(1).next_power_of_two();
+        OwnershipIndex {
+            shards: (0..n).map(|_| RwLock::new(ShardMap::default())).collect(),
+            shard_mask: n - 1,
+            endpoints: RwLock::new(Vec::new()),
+            options,
+            clock,
+        }
+    }
+
+    /// The settings in force.
+    pub fn options(&self) -> &IndexOptions {
+        &self.options
+    }
+
+    fn shard(&self, hash: u64) -> &RwLock<ShardMap> {
+        // Block hashes are uniform, so their low bits spread shards evenly.
+        &self.shards[(hash as usize) & self.shard_mask]
+    }
+
+    fn endpoint(&self, endpoint: EndpointId) -> Option<Arc<Mutex<EndpointLru>>> {
+        self.endpoints
+            .read()
+            .get(endpoint as usize)
+            .and_then(|e| e.clone())
+    }
+
+    fn endpoint_or_create(
+        &self,
+        endpoint: EndpointId,
+    ) -> Result<Arc<Mutex<EndpointLru>>, IndexError> {
+        if endpoint > MAX_ENDPOINT_ID {
+            return Err(IndexError::EndpointOutOfRange(endpoint));
+        }
+        if let Some(e) = self.endpoint(endpoint) {
+            return Ok(e);
+        }
+        let mut all = self.endpoints.write();
+        let i = endpoint as usize;
+        if all.len() <= i {
+            all.resize(i + 1, None);
+        }
+        Ok(Arc::clone(all[i].get_or_insert_with(|| {
+            Arc::new(Mutex::new(EndpointLru::new(
+                self.options.default_capacity_blocks,
+            )))
+        })))
+    }
+
+    /// Records that `endpoint` will hold `hashes` (a request's prefix, in order) because we just
+    /// routed there; the claim lasts the configured prediction TTL unless events confirm it.
+    pub fn insert_predicted(&self, endpoint: EndpointId, hashes: &[u64]) -> Result<(), IndexError> {
+        self.insert_predicted_for(endpoint, hashes, self.options.prediction_ttl)
+    }
+
+    /// As [`Self::insert_predicted`] with an explicit TTL (e.g. a short one while the endpoint's
+    /// KV events flow and will confirm the blocks).
+    pub fn insert_predicted_for(
+        &self,
+        endpoint: EndpointId,
+        hashes: &[u64],
+        ttl: Duration,
+    ) -> Result<(), IndexError> {
+        let until = self
+            .clock
+            .now_ms()
+            .saturating_add(ttl.as_millis() as u64)
+            .max(1);
+        self.insert(endpoint, hashes, |h| {
+            h.predicted_until_ms = h.predicted_until_ms.max(until);
+        })
+    }
+
+    /// Records that the engine confirmed `endpoint` holds `hashes` (ours, re-hashed from its
+    /// `BlockStored` event, in order) on `medium`. Confirmed blocks do not expire.
+    pub fn insert_confirmed(
+        &self,
+        endpoint: EndpointId,
+        hashes: &[u64],
+        medium: Medium,
+    ) -> Result<(), IndexError> {
+        self.insert(endpoint, hashes, |h| h.set_media(h.media() | medium.bit()))
+    }
+
+    fn insert(
+        &self,
+        endpoint: EndpointId,
+        hashes: &[u64],
+        update: impl Fn(&mut Holder),
+    ) -> Result<(), IndexError> {
+        let state = self.endpoint_or_create(endpoint)?;
+        let mut lru = state.lock();
+        // Last block first: the prefix ends up most recent, so tails are evicted first.
+        for &hash in hashes.iter().rev() {
+            {
+                let mut shard = self.shard(hash).write();
+                match shard.get_mut(&hash) {
+                    Some(holders) => match holders.find_mut(endpoint) {
+                        Some(h) => {
+                            let was = h.confirmed();
+                            update(h);
+                            lru.confirmed += usize::from(!was && h.confirmed());
+                            lru.touch(h.slot);
+                        }
+                        None => {
+                            let mut h = Holder::new(endpoint, lru.push_front(hash));
+                            update(&mut h);
+                            lru.confirmed += usize::from(h.confirmed());
+                            holders.push(h);
+                        }
+                    },
+                    None => {
+                        let mut h = Holder::new(endpoint, lru.push_front(hash));
+                        update(&mut h);
+                        lru.confirmed += usize::from(h.confirmed());
+                        shard.insert(hash, Holders::One(h));
+                    }
+                }
+            }
+            while lru.over_capacity() {
+                self.evict_lru(endpoint, &mut lru);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the endpoint's least recently used block (the caller holds its lock).
+    fn evict_lru(&self, endpoint: EndpointId, lru: &mut EndpointLru) {
+        let Some((slot, hash)) = lru.lru() else {
+            return;
+        };
+        lru.remove(slot);
+        self.remove_holder(endpoint, hash, lru);
+    }
+
+    fn remove_holder(&self, endpoint: EndpointId, hash: u64, lru: &mut EndpointLru) {
+        let mut shard = self.shard(hash).write();
+        if let Some(holders) = shard.get_mut(&hash) {
+            if let Some(h) = holders.remove(endpoint) {
+                lru.confirmed -= usize::from(h.confirmed());
+            }
+            if holders.is_empty() {
+                shard.remove(&hash);
+            }
+        }
+    }
+
+    /// Removes `hashes` from `endpoint` (the engine's `BlockRemoved`, re-mapped to our hashes).
+    /// With a `medium`, only that medium's copy goes; the block stays while another medium (or
+    /// an unexpired prediction made since) holds it. Without, the block goes entirely.
+    pub fn remove(&self, endpoint: EndpointId, hashes: &[u64], medium: Option<Medium>) {
+        let Some(state) = self.endpoint(endpoint) else {
+            return;
+        };
+        let mut lru = state.lock();
+        let now = self.clock.now_ms();
+        for &hash in hashes {
+            let mut shard = self.shard(hash).write();
+            let Some(holders) = shard.get_mut(&hash) else {
+                continue;
+            };
+            let Some(h) = holders.find_mut(endpoint) else {
+                continue;
+            };
+            let keep = match medium {
+                Some(m) => {
+                    let was = h.confirmed();
+                    h.set_media(h.media() & !m.bit());
+                    lru.confirmed -= usize::from(was && !h.confirmed());
+                    h.live(now)
+                }
+                None => false,
+            };
+            if !keep {
+                let h = holders.remove(endpoint).expect("found above");
+                lru.confirmed -= usize::from(h.confirmed());
+                lru.remove(h.slot);
+                if holders.is_empty() {
+                    shard.remove(&hash);
+                }
+            }
+        }
+    }
+
+    /// Drops everything `endpoint` holds (removed, restarted, its events lost or cleared). Its
+    /// capacity setting is kept.
+    pub fn clear_endpoint(&self, endpoint: EndpointId) {
+        let Some(state) = self.endpoint(endpoint) else {
+            return;
+        };
+        let mut lru = state.lock();
+        let hashes: Vec<u64> = lru.iter().map(|(_, h)| h).collect();
+        for hash in hashes {
+            let mut shard = self.shard(hash).write();
+            if let Some(holders) = shard.get_mut(&hash) {
+                holders.remove(endpoint);
+                if holders.is_empty() {
+                    shard.remove(&hash);
+                }
+            }
+        }
+        lru.clear();
+    }
+
+    /// Sets `endpoint`'s capacity in blocks (e.g. from its `vllm:cache_config_info`, converted to
+    /// our block size), evicting its least recently used blocks past it.
+    pub fn set_capacity(&self, endpoint: EndpointId, blocks: usize) -> Result<(), IndexError> {
+        let state = self.endpoint_or_create(endpoint)?;
+        let mut lru = state.lock();
+        lru.capacity = blocks;
+        while lru.over_capacity() {
+            self.evict_lru(endpoint, &mut lru);
+        }
+        Ok(())
+    }
+
+    /// Per candidate (same order), the longest run of blocks it holds from block 0 of `hashes`.
+    /// Expired predictions do not count. Stops at the first block no candidate extends.
+    pub fn lookup(&self, hashes: &[u64], candidates: &[EndpointId]) -> Vec<PrefixMatch> {
+        let mut out = vec![PrefixMatch::default(); candidates.len()];
+        if candidates.is_empty() || hashes.is_empty() {
+            return out;
+        }
+        // Endpoint id -> first position in `candidates` (ids are small and dense).
+        let max_id = candidates.iter().copied().max().unwrap_or(0) as usize;
+        let mut position = vec![u32::MAX; max_id + 1];
+        for (i, &c) in candidates.iter().enumerate().rev() {
+            position[c as usize] = i as u32;
+        }
+        let now = self.clock.now_ms();
+        for (i, &hash) in hashes.iter().enumerate() {
+            let block = i as u32;
+            let mut extended = false;
+            {
+                let shard = self.shard(hash).read();
+                let Some(holders) = shard.get(&hash) else {
+                    break;
+                };
+                for h in holders.as_slice() {
+                    let Some(&p) = position.get(h.endpoint() as usize) else {
+                        continue;
+                    };
+                    if p == u32::MAX || !h.live(now) {
+                        continue;
+                    }
+                    let m = &mut out[p as usize];
+                    if m.blocks == block {
+                        m.blocks += 1;
+                        m.confirmed_blocks += u32::from(h.confirmed());
+                        m.offloaded_blocks += u32::from(h.offloaded());
+                        extended = true;
+                    }
+                }
+            }
+            if !extended {
+                break;
+            }
+        }
+        // Repeated candidates get the result of their first occurrence.
+        for i in 0..candidates.len() {
+            let p = position[candidates[i] as usize] as usize;
+            if p != i {
+                out[i] = out[p];
+            }
+        }
+        out
+    }
+
+    /// Sizes and memory.
+    pub fn stats(&self) -> IndexStats {
+        let mut stats = IndexStats::default();
+        for shard in self.shards.iter() {
+            let shard = shard.read();
+            stats.blocks += shard.len();
+            stats.entries += shard.values().map(|h| h.as_slice().len()).sum::<usize>();
+            stats.heap_bytes += shard_heap_bytes(&shard);
+        }
+        let endpoints = self.endpoints.read().clone();
+        stats.heap_bytes += endpoints.capacity() * std::mem::size_of::<usize>();
+        for (id, state) in endpoints.iter().enumerate() {
+            let Some(state) = state else { continue };
+            let lru = state.lock();
+            stats.heap_bytes += lru.heap_bytes();
+            stats.endpoints.push(EndpointStats {
+                endpoint: id as EndpointId,
+                blocks: lru.len(),
+                confirmed_blocks: lru.confirmed,
+                capacity_blocks: lru.capacity,
+            });
+        }
+        stats
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,330 @@
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn index(capacity: usize, ttl_ms: u64) -> (OwnershipIndex, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_000));
+    let options = IndexOptions {
+        default_capacity_blocks: capacity,
+        prediction_ttl: Duration::from_millis(ttl_ms),
+        shards: 4,
+    };
+    (OwnershipIndex::new(options, clock.clone()), clock)
+}
+
+fn blocks(m: &[PrefixMatch]) -> Vec<u32> {
+    m.iter().map(|m| m.blocks).collect()
+}
+
+#[test]
+fn lookup_counts_consecutive_blocks_per_candidate() {
+    let (idx, _) = index(100, 10_000);
+    idx.insert_predicted(0, &[1, 2, 3, 4]).unwrap();
+    idx.insert_predicted(1, &[1, 2]).unwrap();
+    idx.insert_predicted(2, &[2, 3, 4]).unwrap(); // no block 0: no prefix
+    let cases: &[(&[u64], &[EndpointId], &[u32])] = &[
+        (&[1, 2, 3, 4, 5], &[0, 1, 2, 3], &[4, 2, 0, 0]),
+        (&[1, 2, 9, 4], &[0, 1], &[2, 2]),
+        (&[9, 1, 2], &[0, 1, 2], &[0, 0, 0]),
+        (&[1, 2, 3], &[1, 0, 1], &[2, 3, 2]),
+        (&[1, 2, 3], &[], &[]),
+        (&[], &[0], &[0]),
+        (&[1, 2, 3], &[7], &[0]),
+    ];
+    for (hashes, candidates, expected) in cases {
+        assert_eq!(
+            blocks(&idx.lookup(hashes, candidates)),
+            *expected,
+            "{hashes:?} {candidates:?}"
+        );
+    }
+}
+
+#[test]
+fn predictions_expire_and_confirmations_do_not() {
+    let (idx, clock) = index(100, 2_000);
+    idx.insert_predicted(0, &[1, 2, 3]).unwrap();
+    idx.insert_confirmed(1, &[1, 2, 3], Medium::Gpu).unwrap();
+    clock.advance_ms(1_999);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0, 1])), [3, 3]);
+    let m = idx.lookup(&[1, 2, 3], &[0, 1]);
+    assert_eq!((m[0].confirmed_blocks, m[0].predicted_blocks()), (0, 3));
+    assert_eq!((m[1].confirmed_blocks, m[1].predicted_blocks()), (3, 0));
+    clock.advance_ms(1);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0, 1])), [0, 3]);
+    // A fresh prediction revives it; a confirmation makes it permanent.
+    idx.insert_predicted(0, &[1, 2]).unwrap();
+    idx.insert_confirmed(0, &[1], Medium::Cpu).unwrap();
+    clock.advance_ms(10_000);
+    let m = idx.lookup(&[1, 2, 3], &[0]);
+    assert_eq!(
+        (m[0].blocks, m[0].confirmed_blocks, m[0].offloaded_blocks),
+        (1, 1, 1)
+    );
+    // An explicit short TTL (while events flow and will confirm) expires on its own clock.
+    idx.insert_predicted_for(2, &[5], Duration::from_millis(100))
+        .unwrap();
+    clock.advance_ms(100);
+    assert_eq!(blocks(&idx.lookup(&[5], &[2])), [0]);
+}
+
+#[test]
+fn capacity_evicts_least_recently_used_tails_first() {
+    let (idx, _) = index(4, 60_000);
+    idx.insert_predicted(0, &[1, 2, 3]).unwrap();
+    idx.insert_predicted(0, &[10, 11, 12]).unwrap();
+    // 6 blocks into 4: the first prompt's tail (3, 2) went first; its block 1 survives.
+    assert_eq!(blocks(&idx.lookup(&[10, 11, 12], &[0])), [3]);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0])), [1]);
+    // A re-insert refreshes: prompt 1 is now the most recent.
+    idx.insert_predicted(0, &[1]).unwrap();
+    idx.insert_predicted(0, &[20]).unwrap();
+    assert_eq!(blocks(&idx.lookup(&[1], &[0])), [1]);
+    assert_eq!(blocks(&idx.lookup(&[10, 11, 12], &[0])), [2]);
+    // Shrinking the capacity evicts at once.
+    idx.set_capacity(0, 1).unwrap();
+    let stats = idx.stats();
+    assert_eq!(stats.endpoints[0].blocks, 1);
+    assert_eq!(stats.endpoints[0].capacity_blocks, 1);
+    assert_eq!(blocks(&idx.lookup(&[20], &[0])), [1], "most recent kept");
+    // A prompt longer than the capacity keeps its prefix.
+    idx.set_capacity(0, 3).unwrap();
+    idx.insert_predicted(0, &[30, 31, 32, 33, 34]).unwrap();
+    assert_eq!(blocks(&idx.lookup(&[30, 31, 32, 33, 34], &[0])), [3]);
+}
+
+#[test]
+fn remove_by_medium_and_clear_endpoint() {
+    let (idx, clock) = index(100, 1_000);
+    idx.insert_confirmed(0, &[1, 2, 3], Medium::Gpu).unwrap();
+    idx.insert_confirmed(0, &[1], Medium::Cpu).unwrap();
+    idx.insert_predicted(1, &[1, 2, 3]).unwrap();
+    // GPU copy of block 1 removed: the CPU copy keeps it, now offloaded.
+    idx.remove(0, &[1], Some(Medium::Gpu));
+    let m = idx.lookup(&[1, 2, 3], &[0]);
+    assert_eq!((m[0].blocks, m[0].offloaded_blocks), (3, 1));
+    // Removing block 2 entirely cuts the run; endpoint 1 is untouched.
+    idx.remove(0, &[2], None);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0, 1])), [1, 3]);
+    idx.remove(9, &[1], None); // unknown endpoint: nothing happens
+    assert_eq!(idx.stats().endpoints[0].confirmed_blocks, 2);
+    idx.clear_endpoint(0);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0, 1])), [0, 3]);
+    let stats = idx.stats();
+    assert_eq!(stats.endpoints[0].blocks, 0);
+    assert_eq!(stats.endpoints[0].confirmed_blocks, 0);
+    assert_eq!((stats.blocks, stats.entries), (3, 3));
+    clock.advance_ms(1_000);
+    idx.clear_endpoint(1);
+    let stats = idx.stats();
+    assert_eq!((stats.blocks, stats.entries), (0, 0));
+}
+
+#[test]
+fn endpoint_ids_past_the_packing_limit_are_refused() {
+    let (idx, _) = index(10, 10);
+    assert_eq!(
+        idx.insert_predicted(1 << 24, &[1]),
+        Err(IndexError::EndpointOutOfRange(1 << 24))
+    );
+    assert!(idx.set_capacity(1 << 24, 1).is_err());
+}
+
+#[test]
+fn stats_report_memory_per_entry() {
+    let (idx, _) = index(100_000, 60_000);
+    let hashes: Vec<u64> = (0..10_000u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    idx.insert_predicted(0, &hashes).unwrap();
+    let stats = idx.stats();
+    assert_eq!((stats.blocks, stats.entries), (10_000, 10_000));
+    let per_entry = stats.heap_bytes / stats.entries;
+    // 40-byte map entry + control byte + table slack, 16-byte recency node + vector slack.
+    assert!(
+        (57..=160).contains(&per_entry),
+        "{per_entry} bytes per entry"
+    );
+}
+
+#[test]
+fn concurrent_readers_and_writers_keep_invariants() {
+    let (idx, _) = index(50, 60_000);
+    let idx = Arc::new(idx);
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let idx = Arc::clone(&idx);
+            std::thread::spawn(move || {
+                for round in 0..300u64 {
+                    let hashes: Vec<u64> = (0..20).map(|i| (round % 7) * 100 + i).collect();
+                    idx.insert_predicted(t, &hashes).unwrap();
+                    let m = idx.lookup(&hashes, &[0, 1, 2, 3]);
+                    assert!(m.iter().all(|m| m.blocks <= 20));
+                    if round % 50 == 0 {
+                        idx.clear_endpoint((t + 1) % 4);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = idx.stats();
+    assert!(stats.endpoints.iter().all(|e| e.blocks <= 50));
+    let per_endpoint: usize = stats.endpoints.iter().map(|e| e.blocks).sum();
+    assert_eq!(per_endpoint, stats.entries, "map and recency lists agree");
+}
+
+/// A straightforward model of one endpoint: recency list (front = most recent) of
+/// (hash, confirmed media bits, predicted-until).
+#[derive(Default, Clone)]
+struct ModelEndpoint {
+    list: VecDeque<(u64, u8, u64)>,
+    capacity: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Predict(u32, Vec<u64>),
+    Confirm(u32, Vec<u64>, Medium),
+    Remove(u32, Vec<u64>, Option<Medium>),
+    Clear(u32),
+    Capacity(u32, usize),
+    Advance(u64),
+    Lookup(Vec<u64>, Vec<u32>),
+}
+
+fn arb_hashes() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(0u64..12, 0..8)
+}
+
+fn arb_medium() -> impl Strategy<Value = Medium> {
+    prop_oneof![Just(Medium::Gpu), Just(Medium::Cpu), Just(Medium::Other)]
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u32..4, arb_hashes()).prop_map(|(e, h)| Op::Predict(e, h)),
+        2 => (0u32..4, arb_hashes(), arb_medium()).prop_map(|(e, h, m)| Op::Confirm(e, h, m)),
+        1 => (0u32..4, arb_hashes(), proptest::option::of(arb_medium())).prop_map(|(e, h, m)| Op::Remove(e, h, m)),
+        1 => (0u32..4).prop_map(Op::Clear),
+        1 => (0u32..4, 0usize..8).prop_map(|(e, c)| Op::Capacity(e, c)),
+        1 => (0u64..1500).prop_map(Op::Advance),
+        3 => (arb_hashes(), prop::collection::vec(0u32..5, 0..5)).prop_map(|(h, c)| Op::Lookup(h, c)),
+    ]
+}
+
+const TTL_MS: u64 = 1_000;
+const CAPACITY: usize = 6;
+
+impl ModelEndpoint {
+    fn insert(&mut self, hashes: &[u64], update: impl Fn(&mut (u64, u8, u64))) {
+        for &h in hashes.iter().rev() {
+            let mut entry = match self.list.iter().position(|e| e.0 == h) {
+                Some(i) => self.list.remove(i).unwrap(),
+                None => (h, 0, 0),
+            };
+            update(&mut entry);
+            self.list.push_front(entry);
+            self.list.truncate(self.capacity);
+        }
+    }
+
+    fn holds(&self, h: u64, now: u64) -> bool {
+        self.list
+            .iter()
+            .any(|e| e.0 == h && (e.1 != 0 || e.2 > now))
+    }
+}
+
+proptest! {
+    #[test]
+    fn index_matches_a_simple_model(ops in prop::collection::vec(arb_op(), 1..60)) {
+        let (idx, clock) = index(CAPACITY, TTL_MS);
+        let mut model: Vec<ModelEndpoint> = (0..4)
+            .map(|_| ModelEndpoint { list: VecDeque::new(), capacity: CAPACITY })
+            .collect();
+        for op in ops {
+            let now = clock.now_ms();
+            match op {
+                Op::Predict(e, h) => {
+                    idx.insert_predicted(e, &h).unwrap();
+                    model[e as usize].insert(&h, |x| x.2 = x.2.max(now + TTL_MS));
+                }
+                Op::Confirm(e, h, m) => {
+                    idx.insert_confirmed(e, &h, m).unwrap();
+                    model[e as usize].insert(&h, |x| x.1 |= m.bit());
+                }
+                Op::Remove(e, h, m) => {
+                    idx.remove(e, &h, m);
+                    let list = &mut model[e as usize].list;
+                    for hash in h {
+                        if let Some(i) = list.iter().position(|x| x.0 == hash) {
+                            let keep = match m {
+                                Some(m) => {
+                                    list[i].1 &= !m.bit();
+                                    list[i].1 != 0 || list[i].2 > now
+                                }
+                                None => false,
+                            };
+                            if !keep {
+                                list.remove(i);
+                            }
+                        }
+                    }
+                }
+                Op::Clear(e) => {
+                    idx.clear_endpoint(e);
+                    model[e as usize].list.clear();
+                }
+                Op::Capacity(e, c) => {
+                    idx.set_capacity(e, c).unwrap();
+                    model[e as usize].capacity = c;
+                    model[e as usize].list.truncate(c);
+                }
+                Op::Advance(ms) => clock.advance_ms(ms),
+                Op::Lookup(h, c) => {
+                    let got = idx.lookup(&h, &c);
+                    let now = clock.now_ms();
+                    for (i, &e) in c.iter().enumerate() {
+                        let expected = match model.get(e as usize) {
+                            Some(m) => h.iter().take_while(|&&x| m.holds(x, now)).count(),
+                            None => 0,
+                        };
+                        prop_assert_eq!(got[i].blocks as usize, expected, "candidate {}", e);
+                        prop_assert!(got[i].confirmed_blocks <= got[i].blocks);
+                    }
+                }
+            }
+            // Invariants after every step: capacity respected, map and lists agree.
+            let stats = idx.stats();
+            for s in &stats.endpoints {
+                let m = &model[s.endpoint as usize];
+                prop_assert!(s.blocks <= s.capacity_blocks);
+                prop_assert_eq!(s.blocks, m.list.len());
+                prop_assert_eq!(s.confirmed_blocks, m.list.iter().filter(|x| x.1 != 0).count());
+            }
+            let total: usize = stats.endpoints.iter().map(|e| e.blocks).sum();
+            prop_assert_eq!(total, stats.entries);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictions_expire_on_paused_tokio_time() {
+    let options = IndexOptions {
+        prediction_ttl: Duration::from_secs(2),
+        ..IndexOptions::default()
+    };
+    let idx = OwnershipIndex::new(options, Arc::new(TokioClock::new()));
+    idx.insert_predicted(0, &[1, 2]).unwrap();
+    tokio::time::advance(Duration::from_millis(1_999)).await;
+    assert_eq!(blocks(&idx.lookup(&[1, 2], &[0])), [2]);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(blocks(&idx.lookup(&[1, 2], &[0])), [0]);
+}

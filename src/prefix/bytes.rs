@@ -1,0 +1,152 @@
+//! The byte-estimate fallback, for models without a tokenizer (or a chat that cannot be
+//! rendered): the prompt length is `ceil(bytes / 4)` tokens ([`super::estimate_tokens`]) and the
+//! block hashes are chained over fixed chunks of `4 * block_size` bytes of a canonical
+//! serialization of the prompt, so routing affinity still works: a shared prefix of text gives
+//! shared leading hashes, a change changes every hash from its chunk on, and namespaces separate
+//! as for token blocks. These hashes never match token-block hashes (their chain root differs),
+//! so an engine's KV events never confirm them.
+
+use super::hash::BlockHasher;
+use super::BYTES_PER_TOKEN_ESTIMATE;
+use crate::request::{ContentPart, Prompt, PromptInput};
+
+/// Feeds bytes and hashes every full chunk.
+struct Chunker {
+    chunk: Vec<u8>,
+    chunk_bytes: usize,
+    parent: u64,
+    max_blocks: usize,
+    out: Vec<u64>,
+}
+
+impl Chunker {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && self.out.len() < self.max_blocks {
+            let take = (self.chunk_bytes - self.chunk.len()).min(bytes.len());
+            self.chunk.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.chunk.len() == self.chunk_bytes {
+                self.parent = hash_bytes(self.parent, &self.chunk);
+                self.out.push(self.parent);
+                self.chunk.clear();
+            }
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.out.len() >= self.max_blocks
+    }
+}
+
+fn hash_bytes(parent: u64, chunk: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(super::hash::BLOCK_HASH_SEED);
+    h.update(&parent.to_le_bytes());
+    h.update(chunk);
+    h.digest()
+}
+
+/// Chained hashes of full byte chunks of `prompt` (at most `max_blocks`), under `hasher`'s
+/// byte-chunk root. Chat messages are serialized as role, `0x1E`, then each part (text bytes, or
+/// `0x1D` and the media hash), then `0x1F`. A batch prompt hashes its first element.
+pub(crate) fn byte_block_hashes(
+    prompt: &Prompt<'_>,
+    hasher: &BlockHasher,
+    max_blocks: usize,
+) -> Vec<u64> {
+    let mut c = Chunker {
+        chunk: Vec::new(),
+        chunk_bytes: hasher.block_size_tokens() as usize * BYTES_PER_TOKEN_ESTIMATE,
+        parent: hasher.root(),
+        max_blocks,
+        out: Vec::new(),
+    };
+    match prompt {
+        Prompt::Chat(messages) => {
+            for m in messages {
+                if c.full() {
+                    break;
+                }
+                c.feed(m.role.as_bytes());
+                c.feed(&[0x1e]);
+                for part in &m.content {
+                    match part {
+                        ContentPart::Text(t) => c.feed(t.as_bytes()),
+                        ContentPart::Image(h) | ContentPart::Media(h) => {
+                            c.feed(&[0x1d]);
+                            c.feed(&h.to_le_bytes());
+                        }
+                    }
+                }
+                c.feed(&[0x1f]);
+            }
+        }
+        Prompt::Input(PromptInput::Text(t)) => c.feed(t.as_bytes()),
+        Prompt::Input(PromptInput::Texts(ts)) => {
+            if let Some(t) = ts.first() {
+                c.feed(t.as_bytes());
+            }
+        }
+        // Token-id prompts are hashed as tokens by the caller.
+        Prompt::Input(PromptInput::Tokens(_) | PromptInput::TokenLists(_)) | Prompt::None => {}
+    }
+    c.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prefix::Namespace;
+    use std::borrow::Cow;
+
+    fn text(s: &str) -> Prompt<'_> {
+        Prompt::Input(PromptInput::Text(Cow::Borrowed(s)))
+    }
+
+    #[test]
+    fn chunks_are_chained_namespaced_and_capped() {
+        let ns = Namespace::new("m", None, None);
+        let h = BlockHasher::for_byte_chunks(&ns, 2); // 8-byte chunks
+        let a = byte_block_hashes(&text("0123456789abcdefXYZ"), &h, usize::MAX);
+        assert_eq!(a.len(), 2, "only full chunks");
+        let b = byte_block_hashes(&text("0123456789abcdeF"), &h, usize::MAX);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        assert_eq!(
+            byte_block_hashes(&text("0123456789abcdefXYZ"), &h, 1),
+            a[..1]
+        );
+        let other = BlockHasher::for_byte_chunks(&Namespace::new("m", None, Some("t")), 2);
+        assert_ne!(
+            byte_block_hashes(&text("0123456789abcdef"), &other, 9)[0],
+            a[0]
+        );
+    }
+
+    #[test]
+    fn chat_serialization_separates_roles_and_media() {
+        let ns = Namespace::new("m", None, None);
+        let h = BlockHasher::for_byte_chunks(&ns, 1); // 4-byte chunks
+        let chat = |role: &'static str, parts: Vec<ContentPart<'static>>| {
+            Prompt::Chat(vec![crate::request::ChatMessage {
+                role: Cow::Borrowed(role),
+                content: parts,
+            }])
+        };
+        let t = |s: &'static str| ContentPart::Text(Cow::Borrowed(s));
+        let user = byte_block_hashes(&chat("user", vec![t("hello world")]), &h, 99);
+        let system = byte_block_hashes(&chat("system", vec![t("hello world")]), &h, 99);
+        assert_ne!(user[0], system[0]);
+        let img1 = byte_block_hashes(
+            &chat("user", vec![t("hello"), ContentPart::Image(1)]),
+            &h,
+            99,
+        );
+        let img2 = byte_block_hashes(
+            &chat("user", vec![t("hello"), ContentPart::Image(2)]),
+            &h,
+            99,
+        );
+        assert_eq!(img1[..2], img2[..2], "text before the image is shared");
+        assert_ne!(img1.last(), img2.last());
+    }
+}

@@ -1,0 +1,247 @@
+//! The tokenizer registry: one [`ModelTokenizer`] per configured model, and
+//! [`TokenizerRegistry::identify`], which turns a parsed request into its [`PrefixIdentity`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::bytes::byte_block_hashes;
+use super::hash::{BlockHasher, Namespace};
+use super::tokenizer::{ModelTokenizer, PromptTokens, TokenizerFiles};
+use super::{estimate_tokens, Fallback, PrefixError, PrefixIdentity};
+use crate::config::ModelConfig;
+use crate::request::{ParsedRequest, Prompt, PromptInput};
+
+/// Block size for models without a config entry, in tokens.
+pub const DEFAULT_BLOCK_SIZE_TOKENS: u32 = 16;
+/// `max_prefix_tokens` for models without a config entry.
+pub const DEFAULT_MAX_PREFIX_TOKENS: u32 = 32_768;
+
+#[derive(Debug)]
+struct ModelEntry {
+    config: ModelConfig,
+    tokenizer: Option<ModelTokenizer>,
+}
+
+/// Tokenizers and block settings per model, built from config. Cheap to share (`Arc` it);
+/// every method takes `&self` and is safe to call concurrently.
+#[derive(Debug, Default)]
+pub struct TokenizerRegistry {
+    models: HashMap<String, Arc<ModelEntry>>,
+    base_dir: PathBuf,
+}
+
+impl TokenizerRegistry {
+    /// A registry with no models: every model uses the byte estimate and default block size.
+    pub fn empty() -> TokenizerRegistry {
+        TokenizerRegistry::default()
+    }
+
+    /// Loads every configured model's tokenizer. Relative paths resolve against `base_dir` (the
+    /// config file's directory). Errors name the config field (`models[2].tokenizer`).
+    pub fn from_config(
+        models: &[ModelConfig],
+        base_dir: &Path,
+    ) -> Result<TokenizerRegistry, PrefixError> {
+        TokenizerRegistry::empty().rebuild(models, base_dir)
+    }
+
+    /// A registry for a reloaded config, reusing the loaded tokenizers (and warm token caches) of
+    /// models whose settings did not change.
+    pub fn rebuild(
+        &self,
+        models: &[ModelConfig],
+        base_dir: &Path,
+    ) -> Result<TokenizerRegistry, PrefixError> {
+        let mut out = HashMap::new();
+        for (i, config) in models.iter().enumerate() {
+            let reuse = self
+                .models
+                .get(&config.name)
+                .filter(|e| e.config == *config && self.base_dir == base_dir);
+            let entry = match reuse {
+                Some(e) => Arc::clone(e),
+                None => Arc::new(load_model(config, base_dir, &format!("models[{i}]"))?),
+            };
+            out.insert(config.name.clone(), entry);
+        }
+        Ok(TokenizerRegistry {
+            models: out,
+            base_dir: base_dir.to_path_buf(),
+        })
+    }
+
+    /// The tokenizer of `model`, if one is configured.
+    pub fn tokenizer(&self, model: &str) -> Option<&ModelTokenizer> {
+        self.models.get(model)?.tokenizer.as_ref()
+    }
+
+    /// Tokens per block for `model` (default 16).
+    pub fn block_size_tokens(&self, model: &str) -> u32 {
+        self.models
+            .get(model)
+            .map_or(DEFAULT_BLOCK_SIZE_TOKENS, |e| {
+                e.config.block_size_tokens.max(1)
+            })
+    }
+
+    /// Most prompt tokens hashed for `model` (default 32768).
+    pub fn max_prefix_tokens(&self, model: &str) -> u32 {
+        self.models
+            .get(model)
+            .map_or(DEFAULT_MAX_PREFIX_TOKENS, |e| e.config.max_prefix_tokens)
+    }
+
+    /// The block hasher for `ns` (its model's block size), e.g. to re-hash an engine's
+    /// `BlockStored` token ids in the request's namespace.
+    pub fn hasher(&self, ns: &Namespace) -> BlockHasher {
+        BlockHasher::new(ns, self.block_size_tokens(ns.model()))
+    }
+
+    /// The prompt's length and block hashes in `ns` (whose model selects the tokenizer).
+    ///
+    /// Never fails: without a tokenizer, or when the chat cannot be rendered or tokenized, the
+    /// byte estimate is used and `fallback` says why. Batch prompts (`prompt: [..]`) hash their
+    /// first element and count all (later elements by estimate, token lists exactly).
+    pub fn identify(&self, request: &ParsedRequest<'_>, ns: &Namespace) -> PrefixIdentity {
+        let hasher = self.hasher(ns);
+        let bs = hasher.block_size_tokens();
+        let max_blocks = (self.max_prefix_tokens(ns.model()) / bs) as usize;
+        let tokenizer = self.tokenizer(ns.model());
+
+        let exact = |ids: &[u32], tokens: u64, truncated: bool| PrefixIdentity {
+            tokens,
+            block_hashes: hasher.hash_tokens(ids, max_blocks),
+            block_size_tokens: bs,
+            exact: true,
+            truncated,
+            fallback: None,
+        };
+        let tokenized = match (&request.prompt, tokenizer) {
+            (Prompt::None, _) => return exact(&[], 0, false),
+            (Prompt::Input(PromptInput::Tokens(ids)), _) => {
+                return exact(ids, ids.len() as u64, false)
+            }
+            (Prompt::Input(PromptInput::TokenLists(lists)), _) => {
+                let first = lists.first().map_or(&[][..], |l| l.as_slice());
+                let total = lists.iter().map(|l| l.len() as u64).sum();
+                return exact(first, total, false);
+            }
+            (_, None) => Err(Fallback::NoTokenizer),
+            (Prompt::Chat(messages), Some(t)) => t.tokenize_chat(messages).map_err(Fallback::from),
+            (Prompt::Input(PromptInput::Text(text)), Some(t)) => {
+                t.tokenize_text(text).map_err(Fallback::from)
+            }
+            (Prompt::Input(PromptInput::Texts(texts)), Some(t)) => {
+                let first = texts.first().map_or("", |t| t.as_ref());
+                let rest: usize = texts.iter().skip(1).map(|t| t.len()).sum();
+                t.tokenize_text(first)
+                    .map(|mut p| {
+                        p.total_tokens += estimate_tokens(rest);
+                        p
+                    })
+                    .map_err(Fallback::from)
+            }
+        };
+        match tokenized {
+            Ok(p) => identity_from_tokens(p, &hasher, max_blocks),
+            Err(reason) => PrefixIdentity {
+                tokens: estimate_tokens(request.prompt.text_bytes()),
+                block_hashes: byte_block_hashes(
+                    &request.prompt,
+                    &BlockHasher::for_byte_chunks(ns, bs),
+                    max_blocks,
+                ),
+                block_size_tokens: bs,
+                exact: false,
+                truncated: false,
+                fallback: Some(reason),
+            },
+        }
+    }
+}
+
+fn identity_from_tokens(
+    p: PromptTokens,
+    hasher: &BlockHasher,
+    max_blocks: usize,
+) -> PrefixIdentity {
+    let bs = hasher.block_size_tokens();
+    let block_hashes = if p.media.is_empty() {
+        hasher.hash_tokens(&p.ids, max_blocks)
+    } else {
+        // Each media hash joins the extra keys of the block where its message starts, so
+        // blocks before it stay shared and every block from it on depends on the media.
+        let mut extras: HashMap<usize, Vec<u64>> = HashMap::new();
+        for (offset, h) in &p.media {
+            extras
+                .entry((offset / bs as u64) as usize)
+                .or_default()
+                .push(*h);
+        }
+        hasher.hash_tokens_with(&p.ids, max_blocks, |i| {
+            extras.get(&i).map_or(&[][..], |v| v.as_slice())
+        })
+    };
+    PrefixIdentity {
+        tokens: p.total_tokens,
+        block_hashes,
+        block_size_tokens: bs,
+        exact: true,
+        truncated: p.truncated,
+        fallback: None,
+    }
+}
+
+fn load_model(config: &ModelConfig, base_dir: &Path, at: &str) -> Result<ModelEntry, PrefixError> {
+    let Some(tokenizer) = &config.tokenizer else {
+        return Ok(ModelEntry {
+            config: config.clone(),
+            tokenizer: None,
+        });
+    };
+    let resolve = |p: &str| base_dir.join(p);
+    let root = resolve(tokenizer);
+    let in_dir = |name: &str| {
+        let p = root.join(name);
+        p.is_file().then_some(p)
+    };
+    let (json, mut tok_config, mut template) = if root.is_dir() {
+        let json = root.join("tokenizer.json");
+        if !json.is_file() {
+            return Err(PrefixError::Load {
+                field: format!("{at}.tokenizer"),
+                path: root.display().to_string(),
+                message: "the directory has no tokenizer.json".into(),
+            });
+        }
+        (
+            json,
+            in_dir("tokenizer_config.json"),
+            in_dir("chat_template.jinja"),
+        )
+    } else {
+        (root.clone(), None, None)
+    };
+    if let Some(p) = &config.tokenizer_config {
+        tok_config = Some(resolve(p));
+    }
+    if let Some(p) = &config.chat_template {
+        template = Some(resolve(p));
+    }
+    let files = TokenizerFiles {
+        tokenizer_json: Some(&json),
+        tokenizer_config: tok_config.as_deref(),
+        chat_template: template.as_deref(),
+    };
+    let tokenizer = ModelTokenizer::load(
+        &files,
+        config.max_prefix_tokens as usize,
+        usize::try_from(config.token_cache_tokens).unwrap_or(usize::MAX),
+        at,
+    )?;
+    Ok(ModelEntry {
+        config: config.clone(),
+        tokenizer: Some(tokenizer),
+    })
+}

@@ -1,0 +1,528 @@
+//! Chat-template rendering, as Hugging Face `apply_chat_template` and vLLM do it.
+//!
+//! The template comes from `tokenizer_config.json` (`chat_template`, a string or a list of named
+//! templates, `default` preferred) or a separate `chat_template.jinja`. It is rendered with
+//! minijinja configured like HF's Jinja environment: `trim_blocks`, `lstrip_blocks`, loop
+//! controls, Python string/dict methods (`.strip()`, `.startswith()`, `.items()`...), HF's
+//! `raise_exception`, `strftime_now` and a `tojson` that formats like Python's `json.dumps`.
+//! Context: `messages`, `add_generation_prompt` (true, vLLM's default for chat), and the
+//! special tokens (`bos_token`, `eos_token`, `unk_token`, `pad_token`) from the config.
+//!
+//! Message content is passed as vLLM does: a string (text parts joined with `"\n"`) unless the
+//! template iterates over `message['content']`, in which case as OpenAI-style parts
+//! (`{"type": "text", "text": ...}`, `{"type": "image"}`).
+
+use std::path::Path;
+
+use minijinja::value::Value;
+use minijinja::{Environment, Error, ErrorKind};
+use serde::Serialize;
+
+use super::PrefixError;
+use crate::request::{ChatMessage, ContentPart};
+
+/// A model's chat template, compiled.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    content_as_parts: bool,
+    bos_token: String,
+    eos_token: String,
+    unk_token: String,
+    pad_token: String,
+}
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// The fields of `tokenizer_config.json` that rendering uses.
+#[derive(Debug, Default)]
+pub(crate) struct TokenizerConfigFile {
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub unk_token: Option<String>,
+    pub pad_token: Option<String>,
+}
+
+impl TokenizerConfigFile {
+    /// Reads the file; `field` names the config field in errors.
+    pub(crate) fn read(path: &Path, field: &str) -> Result<TokenizerConfigFile, PrefixError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PrefixError::Load {
+            field: field.to_string(),
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text).map_err(|message| PrefixError::Load {
+            field: field.to_string(),
+            path: path.display().to_string(),
+            message,
+        })
+    }
+
+    pub(crate) fn parse(text: &str) -> Result<TokenizerConfigFile, String> {
+        let json: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+        let token = |key: &str| match json.get(key) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            // `{"content": "<s>", "lstrip": false, ...}` (AddedToken serialization).
+            Some(serde_json::Value::Object(o)) => {
+                o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+            }
+            _ => None,
+        };
+        let chat_template = match json.get("chat_template") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Array(named)) => {
+                let find = |name: &str| {
+                    named.iter().find_map(|t| {
+                        (t.get("name")?.as_str()? == name)
+                            .then(|| t.get("template")?.as_str().map(str::to_owned))
+                            .flatten()
+                    })
+                };
+                Some(find("default").ok_or("chat_template list has no \"default\" template")?)
+            }
+            Some(_) => return Err("chat_template must be a string or a list".into()),
+        };
+        Ok(TokenizerConfigFile {
+            chat_template,
+            bos_token: token("bos_token"),
+            eos_token: token("eos_token"),
+            unk_token: token("unk_token"),
+            pad_token: token("pad_token"),
+        })
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` with the special tokens of `config`.
+    pub(crate) fn new(
+        source: String,
+        config: &TokenizerConfigFile,
+    ) -> Result<ChatTemplate, minijinja::Error> {
+        let content_as_parts = iterates_over_content(&source);
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source)?;
+        let or_empty = |t: &Option<String>| t.clone().unwrap_or_default();
+        Ok(ChatTemplate {
+            env,
+            content_as_parts,
+            bos_token: or_empty(&config.bos_token),
+            eos_token: or_empty(&config.eos_token),
+            unk_token: or_empty(&config.unk_token),
+            pad_token: or_empty(&config.pad_token),
+        })
+    }
+
+    /// Renders `messages` with the generation prompt appended. Errors carry the template's
+    /// message (which may quote template text, never message content).
+    pub fn render(&self, messages: &[ChatMessage<'_>]) -> Result<String, minijinja::Error> {
+        self.render_with(messages, true)
+    }
+
+    /// Renders `messages`; `add_generation_prompt` as in HF.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage<'_>],
+        add_generation_prompt: bool,
+    ) -> Result<String, minijinja::Error> {
+        let messages: Vec<RenderMessage<'_>> = messages
+            .iter()
+            .map(|m| RenderMessage {
+                role: m.role.as_ref(),
+                content: if self.content_as_parts {
+                    RenderContent::Parts(m.content.iter().map(RenderPart::from).collect())
+                } else {
+                    RenderContent::Text(join_text(&m.content))
+                },
+            })
+            .collect();
+        let template = self.env.get_template(TEMPLATE_NAME)?;
+        template.render(minijinja::context! {
+            messages => Value::from(minijinja::value::Serde(&messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+            unk_token => &self.unk_token,
+            pad_token => &self.pad_token,
+        })
+    }
+}
+
+/// vLLM's "string" content format: the text parts joined with newlines (media dropped; the
+/// engine's processor inserts its placeholders, which we cannot reproduce).
+fn join_text(parts: &[ContentPart<'_>]) -> String {
+    let mut out = String::new();
+    let mut first = true;
+    for part in parts {
+        if let ContentPart::Text(t) = part {
+            if !first {
+                out.push('\n');
+            }
+            out.push_str(t);
+            first = false;
+        }
+    }
+    out
+}
+
+/// Does the template loop over a message's content (vLLM then passes OpenAI-style parts)?
+/// vLLM inspects the template's AST; this finds the same `for` loops in the source text: loops
+/// over `messages` (or `loop_messages`, a slice of it) name the message variables, and a loop
+/// over `<message variable>['content']` / `.content` means parts.
+fn iterates_over_content(source: &str) -> bool {
+    // (loop variable, iterated expression) of every `{% for x in expr %}`, whitespace removed.
+    let loops: Vec<(String, String)> = source
+        .split("{%")
+        .skip(1)
+        .filter_map(|tag| {
+            let tag = tag.split("%}").next()?;
+            let tag = tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+            let rest = tag.strip_prefix("for")?;
+            let (var, expr) = rest.split_once(" in ")?;
+            let compact = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+            Some((compact(var), compact(expr)))
+        })
+        .collect();
+    let mut message_vars = vec!["message".to_string()];
+    message_vars.extend(
+        loops
+            .iter()
+            .filter(|(_, expr)| expr.starts_with("messages") || expr.starts_with("loop_messages"))
+            .map(|(var, _)| var.clone()),
+    );
+    loops.iter().any(|(_, expr)| {
+        message_vars.iter().any(|m| {
+            [
+                format!("{m}['content']"),
+                format!("{m}[\"content\"]"),
+                format!("{m}.content"),
+            ]
+            .iter()
+            .any(|p| expr == p || expr.starts_with(&format!("{p}|")))
+        })
+    })
+}
+
+#[derive(Serialize)]
+struct RenderMessage<'a> {
+    role: &'a str,
+    content: RenderContent<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum RenderContent<'a> {
+    Text(String),
+    Parts(Vec<RenderPart<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum RenderPart<'a> {
+    Text { text: &'a str },
+    Image {},
+    Audio {},
+}
+
+impl<'a> From<&'a ContentPart<'a>> for RenderPart<'a> {
+    fn from(part: &'a ContentPart<'a>) -> Self {
+        match part {
+            ContentPart::Text(t) => RenderPart::Text { text: t },
+            ContentPart::Image(_) => RenderPart::Image {},
+            ContentPart::Media(_) => RenderPart::Audio {},
+        }
+    }
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: the current UTC time; supports `%d %m %Y %y %b %B %H %M %S %j %%`.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    strftime(&format, secs)
+}
+
+fn strftime(format: &str, unix_secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let days = (unix_secs / 86_400) as i64;
+    let (year, month, day) = civil_from_days(days);
+    let secs_of_day = unix_secs % 86_400;
+    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('b') => out.push_str(&MONTHS[month as usize - 1][..3]),
+            Some('B') => out.push_str(MONTHS[month as usize - 1]),
+            Some('H') => out.push_str(&format!("{:02}", secs_of_day / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", secs_of_day / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", secs_of_day % 60)),
+            Some('j') => out.push_str(&format!("{day_of_year:03}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Days since 1970-01-01 -> (year, month 1-12, day 1-31) (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// HF's `tojson`: Python `json.dumps(x, ensure_ascii=False, indent=indent)`, i.e. `", "` and
+/// `": "` separators when compact, newlines and `indent` spaces otherwise; no HTML escaping.
+fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // Other keyword arguments (sort_keys, separators, ensure_ascii) are accepted and ignored.
+    for key in ["ensure_ascii", "sort_keys", "separators"] {
+        let _: Option<Value> = kwargs.get(key)?;
+    }
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let result = match indent {
+        Some(n) => {
+            let spaces = vec![b' '; n];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&spaces);
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            value.serialize(&mut ser)
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonCompact);
+            value.serialize(&mut ser)
+        }
+    };
+    result.map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from_safe_string(text))
+}
+
+/// `json.dumps` default separators: `", "` between items, `": "` after keys.
+struct PythonCompact;
+
+impl serde_json::ser::Formatter for PythonCompact {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// Reads a template file (`chat_template.jinja`).
+pub(crate) fn read_template(path: &Path, field: &str) -> Result<String, PrefixError> {
+    std::fs::read_to_string(path).map_err(|e| PrefixError::Load {
+        field: field.to_string(),
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    fn msg<'a>(role: &'a str, text: &'a str) -> ChatMessage<'a> {
+        ChatMessage {
+            role: Cow::Borrowed(role),
+            content: vec![ContentPart::Text(Cow::Borrowed(text))],
+        }
+    }
+
+    fn template(source: &str) -> ChatTemplate {
+        let config = TokenizerConfigFile::parse(
+            r#"{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"}"#,
+        )
+        .unwrap();
+        ChatTemplate::new(source.to_string(), &config).unwrap()
+    }
+
+    #[test]
+    fn renders_like_hf_jinja() {
+        let cases: &[(&str, &str)] = &[
+            // bos from an AddedToken object; generation prompt on.
+            (
+                "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}>{% endif %}",
+                "<s>[user] hi there >",
+            ),
+            // trim_blocks + lstrip_blocks: block tags on their own lines leave no whitespace.
+            (
+                "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}\n",
+                "U: hi there \n",
+            ),
+            // Python string methods (pycompat) and loop controls.
+            (
+                "{% for m in messages %}{% if m.content.startswith(' hi') %}{{ m.content.strip() | upper }}{% break %}{% endif %}{% endfor %}",
+                "HI THERE",
+            ),
+            // tojson formats like Python's json.dumps.
+            (
+                "{{ {'a': [1, 'é'], 'b': none} | tojson }}",
+                r#"{"a": [1, "é"], "b": null}"#,
+            ),
+            ("{{ [1] | tojson(indent=2) }}", "[\n  1\n]"),
+            // Slicing with a step, as Qwen templates do.
+            ("{% for m in messages[::-1] %}{{ m.role }}{% endfor %}", "user"),
+        ];
+        let messages = [msg("user", " hi there ")];
+        for (source, expected) in cases {
+            let out = template(source).render(&messages).unwrap();
+            assert_eq!(&out, expected, "template {source:?}");
+        }
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_and_bad_templates_fail_to_compile() {
+        let t = template("{{ raise_exception('roles must alternate') }}");
+        let err = t.render(&[msg("user", "x")]).unwrap_err();
+        assert!(err.to_string().contains("roles must alternate"), "{err}");
+        let config = TokenizerConfigFile::default();
+        assert!(ChatTemplate::new("{% for %}".into(), &config).is_err());
+    }
+
+    #[test]
+    fn content_format_follows_the_template() {
+        assert!(iterates_over_content(
+            "{% for item in message['content'] %}{% endfor %}"
+        ));
+        assert!(iterates_over_content(
+            "{%- for c in message.content -%}{% endfor %}"
+        ));
+        assert!(!iterates_over_content(
+            "{{ message['content'] }}{% for m in messages %}{% endfor %}"
+        ));
+        assert!(!iterates_over_content(
+            "{% for x in tools %}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+        ));
+        let parts = template(
+            "{% for m in messages %}{% for p in m['content'] %}<{{ p.type }}>{% endfor %}{% endfor %}",
+        );
+        let m = ChatMessage {
+            role: Cow::Borrowed("user"),
+            content: vec![
+                ContentPart::Text(Cow::Borrowed("a")),
+                ContentPart::Image(7),
+                ContentPart::Text(Cow::Borrowed("b")),
+            ],
+        };
+        assert_eq!(
+            parts.render(std::slice::from_ref(&m)).unwrap(),
+            "<text><image><text>"
+        );
+        let string = template("{% for m in messages %}{{ m['content'] }}{% endfor %}");
+        assert_eq!(string.render(&[m]).unwrap(), "a\nb");
+    }
+
+    #[test]
+    fn chat_template_lists_pick_default() {
+        let cfg = TokenizerConfigFile::parse(
+            r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.chat_template.as_deref(), Some("D"));
+        assert!(TokenizerConfigFile::parse(
+            r#"{"chat_template": [{"name": "x", "template": "T"}]}"#
+        )
+        .is_err());
+        assert!(TokenizerConfigFile::parse("{").is_err());
+    }
+
+    #[test]
+    fn strftime_formats_dates() {
+        // 2024-02-29 13:05:09 UTC
+        let t = 1_709_211_909;
+        assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %j %B %y %%", t),
+            "2024-02-29 13:05:09 060 February 24 %"
+        );
+        assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
+    }
+}

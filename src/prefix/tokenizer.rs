@@ -1,0 +1,407 @@
+//! One model's tokenizer: renders chats, tokenizes with a per-segment cache, caps the work.
+//!
+//! **Segments.** A HF tokenizer first splits its input at added tokens (`<|im_start|>`...) and
+//! tokenizes each piece between them independently, so a rendered prompt cut just before such a
+//! token gives, piece by piece, exactly the ids of the whole. Each segment (an added token and
+//! the text up to the next one) is cached by a hash of its text and whether it starts the prompt;
+//! a system prompt shared by many requests is tokenized once. Cut points are only added tokens
+//! that the tokenizer matches unnormalized and without stripping neighbouring whitespace; at load
+//! a probe conversation is tokenized both ways and, if they differ, the model falls back to
+//! whole-text tokenizing.
+//!
+//! **Cap.** At most `max_prefix_tokens` tokens are hashed. Text past a byte budget
+//! (`MAX_BYTES_PER_TOKEN` bytes per remaining token) is not tokenized: its tokens are estimated
+//! from the bytes-per-token ratio of what was, so a 16 MiB body costs bounded work. When the cut
+//! falls inside a segment, the last `CUT_MARGIN_TOKENS` ids before it are dropped (a cut word may
+//! tokenize differently from the whole).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use tokenizers::Tokenizer;
+
+use super::cache::{SegmentCache, SegmentKey};
+use super::template::{ChatTemplate, TokenizerConfigFile};
+use super::{estimate_tokens, PrefixError};
+use crate::request::{ChatMessage, ContentPart};
+
+/// Bytes of text tokenized per token still wanted under the cap. Text averages 3-5 bytes per
+/// token, so this almost always yields the full `max_prefix_tokens`.
+pub const MAX_BYTES_PER_TOKEN: usize = 8;
+
+/// Tokens dropped before a cut made inside a segment.
+pub const CUT_MARGIN_TOKENS: usize = 64;
+
+/// A prompt's token ids (up to the cap) and its whole length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptTokens {
+    /// Token ids of the prompt's start, exactly as the engine computes them; at most
+    /// `max_prefix_tokens`.
+    pub ids: Vec<u32>,
+    /// Tokens in the whole prompt: exact when nothing was cut, else `ids` plus an estimate.
+    pub total_tokens: u64,
+    /// True when part of the prompt was estimated instead of tokenized.
+    pub truncated: bool,
+    /// Media content hashes with the token offset of the message that carries them.
+    pub media: Vec<(u64, u64)>,
+}
+
+/// A loaded tokenizer with its chat template and segment cache.
+pub struct ModelTokenizer {
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    /// Finds every unnormalized added token, as the tokenizer's own splitter does.
+    added: Option<AhoCorasick>,
+    /// Per automaton pattern: may a segment start there?
+    cut_here: Vec<bool>,
+    segments_verified: bool,
+    cache: SegmentCache,
+    max_prefix_tokens: usize,
+}
+
+impl std::fmt::Debug for ModelTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTokenizer")
+            .field("has_template", &self.template.is_some())
+            .field("segments_verified", &self.segments_verified)
+            .field("cache", &self.cache)
+            .field("max_prefix_tokens", &self.max_prefix_tokens)
+            .finish()
+    }
+}
+
+/// Where a model's tokenizer files are.
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerFiles<'a> {
+    /// `tokenizer.json`.
+    pub tokenizer_json: Option<&'a Path>,
+    /// `tokenizer_config.json` (special tokens, and the chat template unless given apart).
+    pub tokenizer_config: Option<&'a Path>,
+    /// A `.jinja` chat template, overriding the one in `tokenizer_config.json`.
+    pub chat_template: Option<&'a Path>,
+}
+
+impl ModelTokenizer {
+    /// Loads a tokenizer. `field` is the config path named in errors (`models[0]`).
+    pub fn load(
+        files: &TokenizerFiles<'_>,
+        max_prefix_tokens: usize,
+        cache_tokens: usize,
+        field: &str,
+    ) -> Result<ModelTokenizer, PrefixError> {
+        let json_path = files.tokenizer_json.ok_or_else(|| PrefixError::Load {
+            field: format!("{field}.tokenizer"),
+            path: String::new(),
+            message: "no tokenizer.json given".into(),
+        })?;
+        let bytes = std::fs::read(json_path).map_err(|e| PrefixError::Load {
+            field: format!("{field}.tokenizer"),
+            path: json_path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| PrefixError::Load {
+            field: format!("{field}.tokenizer"),
+            path: json_path.display().to_string(),
+            message: format!("not a tokenizer.json: {e}"),
+        })?;
+        // A tokenizer.json may carry truncation/padding settings; the engine tokenizes prompts
+        // without them.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| PrefixError::Load {
+                field: format!("{field}.tokenizer"),
+                path: json_path.display().to_string(),
+                message: e.to_string(),
+            })?
+            .with_padding(None);
+
+        let config = match files.tokenizer_config {
+            Some(p) => TokenizerConfigFile::read(p, &format!("{field}.tokenizer_config"))?,
+            None => TokenizerConfigFile::default(),
+        };
+        let source = match files.chat_template {
+            Some(p) => Some(super::template::read_template(
+                p,
+                &format!("{field}.chat_template"),
+            )?),
+            None => config.chat_template.clone(),
+        };
+        let template = source
+            .map(|s| {
+                ChatTemplate::new(s, &config).map_err(|e| PrefixError::Load {
+                    field: format!("{field}.chat_template"),
+                    path: files
+                        .chat_template
+                        .or(files.tokenizer_config)
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    message: format!("the chat template does not compile: {e}"),
+                })
+            })
+            .transpose()?;
+
+        let (added, cut_here) = added_token_automaton(&tokenizer);
+        let mut model = ModelTokenizer {
+            tokenizer,
+            template,
+            added,
+            cut_here,
+            segments_verified: false,
+            cache: SegmentCache::new(cache_tokens),
+            max_prefix_tokens: max_prefix_tokens.max(1),
+        };
+        model.segments_verified = model.verify_segments();
+        Ok(model)
+    }
+
+    /// True when the model has a chat template.
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// True when prompts are tokenized segment by segment with the cache (the load-time check
+    /// passed); false means whole-text tokenizing.
+    pub fn uses_segment_cache(&self) -> bool {
+        self.segments_verified
+    }
+
+    /// The most tokens hashed per prompt.
+    pub fn max_prefix_tokens(&self) -> usize {
+        self.max_prefix_tokens
+    }
+
+    /// Segments and token ids held by the cache.
+    pub fn cache_stats(&self) -> (usize, usize) {
+        (self.cache.len(), self.cache.cached_tokens())
+    }
+
+    /// Renders `messages` with the chat template (generation prompt on) and tokenizes the result
+    /// without adding special tokens, as vLLM does for chat requests.
+    pub fn tokenize_chat(&self, messages: &[ChatMessage<'_>]) -> Result<PromptTokens, PrefixError> {
+        let template = self.template.as_ref().ok_or(PrefixError::NoChatTemplate)?;
+        let text = template.render(messages).map_err(template_error)?;
+        let mut out = self.tokenize(&text, false, self.segments_verified)?;
+        // Media: the offset of the message carrying it is the token count of the conversation
+        // before it (rendered without a generation prompt).
+        for (i, m) in messages.iter().enumerate() {
+            let mut offset = None;
+            for part in &m.content {
+                if let ContentPart::Image(h) | ContentPart::Media(h) = part {
+                    let at = match offset {
+                        Some(at) => at,
+                        None => {
+                            let before = template
+                                .render_with(&messages[..i], false)
+                                .ok()
+                                .and_then(|t| self.tokenize(&t, false, self.segments_verified).ok())
+                                .map_or(0, |t| t.total_tokens);
+                            *offset.insert(before)
+                        }
+                    };
+                    out.media.push((at, *h));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tokenizes a completion prompt, adding special tokens (BOS...) as vLLM does by default.
+    pub fn tokenize_text(&self, text: &str) -> Result<PromptTokens, PrefixError> {
+        self.tokenize(text, true, false)
+    }
+
+    /// Tokenizes `text`, through the segment cache when `segmented` (only without special tokens:
+    /// a post-processor applies to the whole).
+    pub(crate) fn tokenize(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        segmented: bool,
+    ) -> Result<PromptTokens, PrefixError> {
+        let cap = self.max_prefix_tokens;
+        let mut ids: Vec<u32> = Vec::new();
+        let mut consumed = 0usize; // bytes of `text` tokenized
+        let mut cut = false;
+        if segmented && !add_special_tokens {
+            for (start, end) in self.segments(text) {
+                if ids.len() >= cap {
+                    break;
+                }
+                let segment = &text[start..end];
+                let budget = (cap - ids.len()) * MAX_BYTES_PER_TOKEN;
+                if segment.len() > budget {
+                    let piece = &segment[..floor_char_boundary(segment, budget)];
+                    ids.extend(self.encode(piece, false)?);
+                    consumed += piece.len();
+                    cut = true;
+                    break;
+                }
+                let key = SegmentKey::new(u8::from(start == 0), segment);
+                let seg_ids = match self.cache.get(&key) {
+                    Some(hit) => hit,
+                    None => {
+                        let fresh: Arc<[u32]> = self.encode(segment, false)?.into();
+                        self.cache.insert(key, Arc::clone(&fresh));
+                        fresh
+                    }
+                };
+                ids.extend_from_slice(&seg_ids);
+                consumed = end;
+            }
+        } else {
+            let budget = cap * MAX_BYTES_PER_TOKEN;
+            let piece = &text[..floor_char_boundary(text, budget)];
+            ids = self.encode(piece, add_special_tokens)?;
+            consumed = piece.len();
+            cut = piece.len() < text.len();
+        }
+        let remainder = text.len() - consumed;
+        let tokenized = ids.len() as u64;
+        if cut {
+            ids.truncate(ids.len().saturating_sub(CUT_MARGIN_TOKENS));
+        }
+        let estimated = match (remainder, consumed) {
+            (0, _) => 0,
+            (r, 0) => estimate_tokens(r),
+            // Same bytes-per-token ratio as the tokenized part.
+            (r, c) => (r as u64 * tokenized).div_ceil(c as u64),
+        };
+        ids.truncate(cap);
+        Ok(PromptTokens {
+            ids,
+            total_tokens: tokenized + estimated,
+            truncated: remainder > 0,
+            media: Vec::new(),
+        })
+    }
+
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PrefixError> {
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| PrefixError::Tokenize(e.to_string()))
+    }
+
+    /// Byte ranges of the segments of `text`: each starts at a cut-point added token (the first
+    /// may start at 0 without one) and runs to the next.
+    fn segments<'t>(&'t self, text: &'t str) -> impl Iterator<Item = (usize, usize)> + 't {
+        let mut starts: Vec<usize> = vec![0];
+        if let Some(ac) = &self.added {
+            starts.extend(
+                ac.find_iter(text)
+                    .filter(|m| self.cut_here[m.pattern().as_usize()] && m.start() > 0)
+                    .map(|m| m.start()),
+            );
+        }
+        let ends: Vec<usize> = starts.iter().skip(1).copied().chain([text.len()]).collect();
+        starts.into_iter().zip(ends).filter(|(s, e)| e > s)
+    }
+
+    /// Tokenizes a probe conversation whole and by segments; true when they agree.
+    fn verify_segments(&self) -> bool {
+        if self.added.is_none() || !self.cut_here.iter().any(|&c| c) {
+            return false;
+        }
+        let probes = probe_texts(self.template.as_ref());
+        probes.iter().all(|text| {
+            let whole = self.encode(text, false);
+            let mut by_segments = Vec::new();
+            for (s, e) in self.segments(text) {
+                match self.encode(&text[s..e], false) {
+                    Ok(ids) => by_segments.extend(ids),
+                    Err(_) => return false,
+                }
+            }
+            whole.is_ok_and(|w| w == by_segments)
+        })
+    }
+}
+
+fn template_error(e: minijinja::Error) -> PrefixError {
+    // The template's own message (e.g. from raise_exception) quotes template text, not content.
+    PrefixError::Template(e.to_string())
+}
+
+/// An automaton over the tokenizer's unnormalized added tokens, leftmost-longest like its own
+/// splitter, and which of them are safe cut points (no whitespace stripping, not word-bound).
+fn added_token_automaton(tokenizer: &Tokenizer) -> (Option<AhoCorasick>, Vec<bool>) {
+    let mut tokens: Vec<_> = tokenizer
+        .get_added_tokens_decoder()
+        .into_values()
+        .filter(|t| !t.normalized && !t.content.is_empty())
+        .collect();
+    tokens.sort_by(|a, b| a.content.cmp(&b.content));
+    let cut_here = tokens
+        .iter()
+        .map(|t| !t.lstrip && !t.rstrip && !t.single_word)
+        .collect();
+    let ac = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(tokens.iter().map(|t| t.content.as_str()))
+        .ok()
+        .filter(|_| !tokens.is_empty());
+    (ac, cut_here)
+}
+
+/// Texts that exercise segment boundaries: a rendered conversation (when there is a template)
+/// and raw text with tricky whitespace, digits, punctuation and non-ASCII.
+fn probe_texts(template: Option<&ChatTemplate>) -> Vec<String> {
+    use std::borrow::Cow;
+    let text = |s: &'static str| vec![ContentPart::Text(Cow::Borrowed(s))];
+    let conversation = [
+        ChatMessage {
+            role: Cow::Borrowed("system"),
+            content: text("  You are terse.\n\n Answer in 3 words; cite [1]. "),
+        },
+        ChatMessage {
+            role: Cow::Borrowed("user"),
+            content: text("Hello,   world!\tNaïve café — 東京 123456 😀\n"),
+        },
+        ChatMessage {
+            role: Cow::Borrowed("assistant"),
+            content: text(" Fine, thanks.  "),
+        },
+        ChatMessage {
+            role: Cow::Borrowed("user"),
+            content: text("\n\nAnd now?"),
+        },
+    ];
+    let mut out = Vec::new();
+    if let Some(t) = template {
+        if let Ok(rendered) = t.render(&conversation) {
+            out.push(rendered);
+        }
+    }
+    out.push(" leading space and\n\nnewlines  \t end ".to_string());
+    out
+}
+
+/// The largest char boundary of `s` at or below `at`.
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    let mut i = at;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_char_boundary_never_splits_a_char() {
+        let s = "aé東";
+        assert_eq!(floor_char_boundary(s, 0), 0);
+        assert_eq!(floor_char_boundary(s, 1), 1);
+        assert_eq!(floor_char_boundary(s, 2), 1);
+        assert_eq!(floor_char_boundary(s, 3), 3);
+        assert_eq!(floor_char_boundary(s, 5), 3);
+        assert_eq!(floor_char_boundary(s, 6), 6);
+        assert_eq!(floor_char_boundary(s, 99), 6);
+    }
+}
