@@ -13,7 +13,7 @@ TOKENIZERS := .cache/tokenizers
 
 ## The local stack: Envoy on 127.0.0.1:8080, kvrouter (gRPC 9002, admin 9090), four simulated
 ## replicas on 8001-8004 serving demo-model. Foreground; Ctrl-C stops everything.
-run: release envoy
+run: release envoy tokenizers
 	./scripts/run-stack.sh
 
 ## Every test, after formatting and lint checks.

@@ -29,6 +29,33 @@ pub enum Command {
     },
     /// Print an Envoy 1.40 bootstrap config that attaches kvrouter (see docs/envoy.md).
     EnvoyConfig(EnvoyArgs),
+    /// Show how a request would be routed: candidates, matched tokens, load, predicted TTFT and
+    /// score per endpoint, and the pick. Never prints the prompt.
+    Explain(ExplainArgs),
+}
+
+/// Arguments of `kvrouter explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// A config file: explain against it with empty tables (no load, nothing cached).
+    #[arg(long, conflicts_with = "admin", required_unless_present = "admin")]
+    pub config: Option<PathBuf>,
+    /// A running router's admin URL (e.g. http://127.0.0.1:9090): explain against its live
+    /// tables.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// The request body (OpenAI JSON).
+    #[arg(long)]
+    pub body: PathBuf,
+    /// The request path.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    pub path: String,
+    /// The tenant, as the tenancy header would carry it.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `kvrouter envoy-config`.
@@ -89,6 +116,7 @@ pub struct ServeArgs {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::Explain(a) => explain(a),
         Command::EnvoyConfig(a) => {
             let options = crate::envoyconf::EnvoyOptions {
                 listen: a.listen,
@@ -127,8 +155,119 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
+fn explain(a: ExplainArgs) -> ExitCode {
+    let body = match std::fs::read(&a.body) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("kvrouter: cannot read {}: {e}", a.body.display());
+            return ExitCode::from(1);
+        }
+    };
+    let result = match (&a.config, &a.admin) {
+        (Some(config), _) => explain_offline(config, &body, &a),
+        (None, Some(admin)) => explain_live(admin, body, &a),
+        (None, None) => Err("give --config or --admin".to_string()),
+    };
+    match result {
+        Ok(e) if a.json => {
+            println!("{}", serde_json::to_string_pretty(&e).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(e) => {
+            print!("{}", explanation_text(&e));
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("kvrouter: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn explain_offline(
+    config_path: &std::path::Path,
+    body: &[u8],
+    a: &ExplainArgs,
+) -> Result<serde_json::Value, String> {
+    let config = Config::load(config_path).map_err(|e| e.to_string())?;
+    let base = config_path.parent().unwrap_or(std::path::Path::new("."));
+    let router = crate::router::Router::new(
+        config,
+        std::sync::Arc::new(crate::telemetry::Metrics::new()),
+        base,
+    )
+    .map_err(|e| e.to_string())?;
+    let api = crate::request::ApiKind::from_path(&a.path);
+    let parsed = crate::request::parse(api, body).map_err(|e| format!("bad request: {e}"))?;
+    let ctx = crate::router::RouteContext {
+        subset: None,
+        tenant: a.tenant.as_deref(),
+    };
+    let plan = router.plan(&parsed, ctx).map_err(|e| e.to_string())?;
+    serde_json::to_value(plan.explain()).map_err(|e| e.to_string())
+}
+
+fn explain_live(admin: &str, body: Vec<u8>, a: &ExplainArgs) -> Result<serde_json::Value, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut url = format!(
+            "{}/debug/explain?path={}",
+            admin.trim_end_matches('/'),
+            percent_encode(&a.path)
+        );
+        if let Some(t) = &a.tenant {
+            url.push_str(&format!("&tenant={}", percent_encode(t)));
+        }
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach {url}: {e}"))?;
+        let status = resp.status();
+        let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+        if status.is_success() {
+            Ok(v)
+        } else {
+            Err(v["error"].as_str().unwrap_or("explain failed").to_string())
+        }
+    })
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` pass through).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The table form of an explanation's JSON.
+fn explanation_text(v: &serde_json::Value) -> String {
+    match serde_json::from_value::<crate::router::Explanation>(v.clone()) {
+        Ok(e) => e.to_text(),
+        Err(_) => v.to_string(),
+    }
+}
+
 fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
+    let loaded = Config::load(file)
+        .map_err(|e| e.to_string())
+        .and_then(|config| {
+            // Tokenizer files named by the config must load too (errors name the field).
+            let base = file.parent().unwrap_or(std::path::Path::new("."));
+            crate::prefix::TokenizerRegistry::from_config(&config.models, base)
+                .map(|_| config)
+                .map_err(|e| format!("{}: {e}", file.display()))
+        });
+    match loaded {
         Ok(config) => {
             let endpoints = config.resolved_endpoints();
             let mut models: Vec<&str> = endpoints

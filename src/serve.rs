@@ -50,7 +50,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let server_section = config.server.clone();
     let metrics = Arc::new(Metrics::new());
-    let router = Arc::new(Router::new(config, Arc::clone(&metrics)));
+    let base_dir = args
+        .config
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_default();
+    let router = Arc::new(
+        Router::new(config, Arc::clone(&metrics), &base_dir).context("cannot load the config")?,
+    );
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -68,13 +75,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             &text,
             move |result| match result {
                 Ok(mut new) => {
-                    metrics.record_reload(true);
                     if new.server != server_section && args.grpc_listen.is_none() {
                         tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
                     }
                     new.server = server_section.clone();
-                    let change = router.apply(new);
-                    tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
+                    match router.apply(new) {
+                        Ok(change) => {
+                            metrics.record_reload(true);
+                            tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
+                        }
+                        Err(e) => {
+                            metrics.record_reload(false);
+                            tracing::error!("config reload rejected, keeping the previous config: {e}");
+                        }
+                    }
                 }
                 Err(e) => {
                     metrics.record_reload(false);

@@ -508,7 +508,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("ok (1 endpoints in 1 pools; models: m; policy: least-loaded)"),
+        stdout.contains("ok (1 endpoints in 1 pools; models: m; policy: predicted-ttft)"),
         "{stdout}"
     );
 
@@ -527,6 +527,34 @@ fn check_config_reports_ok_and_names_bad_fields() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("pools[0].endpoints[0].address"), "{stderr}");
     assert!(stderr.contains("pools[0].endpoints[0].weight"), "{stderr}");
+
+    // A tokenizer that cannot be loaded is named by its field.
+    let bad_tokenizer = dir.path().join("tok.yaml");
+    std::fs::write(
+        &bad_tokenizer,
+        "models: [{name: m, tokenizer: /nonexistent/tokenizer.json}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:8001'}]}]",
+    )
+    .unwrap();
+    let out = std::process::Command::new(KVROUTER)
+        .arg("check-config")
+        .arg(&bad_tokenizer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("models[0].tokenizer"), "{stderr}");
+
+    // The local stack's config is valid.
+    let out = std::process::Command::new(KVROUTER)
+        .arg("check-config")
+        .arg(repo().join("examples/kvrouter.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let missing = std::process::Command::new(KVROUTER)
         .args(["check-config", "/nonexistent.yaml"])

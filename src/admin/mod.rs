@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -33,6 +34,9 @@ impl Admin {
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
             .route("/debug/endpoints", get(endpoints))
+            .route("/debug/explain", axum::routing::post(explain))
+            .route("/debug/decisions", get(decisions))
+            .route("/debug/decisions/{id}", get(decision))
             .with_state(self)
     }
 }
@@ -81,6 +85,61 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
         "policy": config.policy.name.as_str(),
         "endpoints": endpoints,
     }))
+}
+
+/// Query of `POST /debug/explain`.
+#[derive(Debug, serde::Deserialize)]
+struct ExplainQuery {
+    /// The request path the body is for. Default `/v1/chat/completions`.
+    path: Option<String>,
+    /// The tenant, as the tenancy header would carry it.
+    tenant: Option<String>,
+}
+
+/// Runs the decision pipeline on the posted request body against the live tables, without
+/// routing anything, and returns the breakdown.
+async fn explain(
+    State(admin): State<Admin>,
+    Query(q): Query<ExplainQuery>,
+    body: Bytes,
+) -> Response {
+    let router = Arc::clone(&admin.router);
+    let result = tokio::task::spawn_blocking(move || {
+        let path = q.path.as_deref().unwrap_or("/v1/chat/completions");
+        let api = crate::request::ApiKind::from_path(path);
+        let parsed = crate::request::parse(api, &body)
+            .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        let ctx = crate::router::RouteContext {
+            subset: None,
+            tenant: q.tenant.as_deref(),
+        };
+        router
+            .plan(&parsed, ctx)
+            .map(|plan| plan.explain())
+            .map_err(|e| (StatusCode::NOT_FOUND, e.to_string()))
+    })
+    .await;
+    match result {
+        Ok(Ok(explanation)) => Json(explanation).into_response(),
+        Ok(Err((status, message))) => (status, Json(json!({"error": message}))).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn decisions(State(admin): State<Admin>) -> Json<serde_json::Value> {
+    let log = admin.router.decision_log();
+    Json(json!({"recording": log.enabled(), "request_ids": log.ids()}))
+}
+
+async fn decision(State(admin): State<Admin>, Path(id): Path<String>) -> Response {
+    match admin.router.decision_log().get(&id) {
+        Some(e) => Json(e).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("no decision recorded for request id {id:?} (debug.record_decisions keeps the most recent ones)")})),
+        )
+            .into_response(),
+    }
 }
 
 /// Serves the admin routes on `listener` until `shutdown` resolves.

@@ -10,7 +10,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use kvrouter::sim::{no_tokenizer_files, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
+use kvrouter::sim::config::TokenizerPaths;
+use kvrouter::sim::{hf_tokenizer_loader, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
 
 /// Simulated vLLM-compatible model replicas.
 #[derive(Debug, Parser)]
@@ -62,6 +63,10 @@ struct Args {
     /// Topic frame of KV-event messages.
     #[arg(long, default_value = "")]
     kv_topic: String,
+    /// A Hugging Face tokenizer: a `tokenizer.json`, or a directory holding it and (optionally)
+    /// `tokenizer_config.json` with the chat template. Default: the word-piece fallback.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
 }
 
 impl Args {
@@ -86,6 +91,7 @@ impl Args {
                     endpoint: endpoint.clone(),
                     topic: self.kv_topic.clone(),
                 }),
+                tokenizer: self.tokenizer.as_deref().map(TokenizerPaths::from_path),
                 ..ReplicaConfig::default()
             }],
         })
@@ -110,7 +116,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let fleet = match Fleet::start(fleet, &no_tokenizer_files()).await {
+        let fleet = match Fleet::start(fleet, &hf_tokenizer_loader()).await {
             Ok(f) => f,
             Err((name, e)) => {
                 eprintln!("kvsim: replica {name}: {e}");

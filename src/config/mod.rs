@@ -7,6 +7,7 @@
 //!
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
+mod policy;
 mod validate;
 pub mod watch;
 
@@ -15,6 +16,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use policy::{
+    CacheLoadScoreConfig, LeastLoadedConfig, PolicyConfig, PolicyName, PredictedTtftConfig,
+    SaturationConfig, ScorerName, SglangConfig, TieBreakName, WeightedScorer,
+    WeightedScorersConfig,
+};
 pub use validate::ConfigError;
 
 /// The whole router configuration, as read from one YAML file.
@@ -38,6 +44,17 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// The cache-ownership index: per-endpoint capacity and prediction lifetime.
     pub cache_index: CacheIndexConfig,
+    /// Debugging aids.
+    pub debug: DebugConfig,
+}
+
+/// Debugging aids (off by default).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DebugConfig {
+    /// Keep the explanation of this many recent decisions, by request id (`x-request-id`), for
+    /// `GET /debug/decisions/{id}` on the admin server. Default 0 (off).
+    pub record_decisions: usize,
 }
 
 /// Outputs for a standalone Envoy (a gateway with its own endpoint discovery needs none).
@@ -119,62 +136,6 @@ impl Default for RoutingConfig {
             fallback_endpoints: 2,
             max_body_bytes: 32 << 20,
             retry_after_s: 1,
-        }
-    }
-}
-
-/// The routing policy and its parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// Policy name. Default `least-loaded`.
-    pub name: PolicyName,
-    /// Parameters of `least-loaded`.
-    pub least_loaded: LeastLoadedConfig,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self {
-            name: PolicyName::LeastLoaded,
-            least_loaded: LeastLoadedConfig::default(),
-        }
-    }
-}
-
-/// The routing policies that can be selected by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyName {
-    /// Each request to the next candidate in turn; ignores load and cache.
-    RoundRobin,
-    /// Fewest in-flight requests (per unit of weight), then fewest in-flight prompt tokens.
-    LeastLoaded,
-}
-
-impl PolicyName {
-    /// The name as written in config and in metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyName::RoundRobin => "round-robin",
-            PolicyName::LeastLoaded => "least-loaded",
-        }
-    }
-}
-
-/// Parameters of the `least-loaded` policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LeastLoadedConfig {
-    /// How many in-flight prompt tokens weigh as much as one in-flight request when the two are
-    /// combined into one load figure. Default 2048.
-    pub tokens_per_request: f64,
-}
-
-impl Default for LeastLoadedConfig {
-    fn default() -> Self {
-        Self {
-            tokens_per_request: 2048.0,
         }
     }
 }
@@ -283,6 +244,10 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     /// LoRA adapters served by every endpoint of the pool that lists none of its own.
     pub adapters: Vec<String>,
+    /// Prefill speed of the pool's endpoints that set none, in tokens per second.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// KV-cache capacity of the pool's endpoints that set none, in tokens.
+    pub cache_capacity_tokens: Option<u64>,
     /// The replicas.
     pub endpoints: Vec<EndpointConfig>,
 }
@@ -308,6 +273,14 @@ pub struct EndpointConfig {
     /// Take the endpoint out of rotation: no new requests, in-flight ones finish (for
     /// maintenance). Default false.
     pub drain: bool,
+    /// The endpoint's prefill speed for `predicted-ttft`, in prompt tokens per second, until
+    /// one is learned from its responses. Default: the pool's, else
+    /// `policy.predicted_ttft.default_prefill_tokens_per_s`.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// KV-cache capacity in tokens, which bounds how many prefix blocks the router remembers
+    /// for it. Default: the pool's, else `cache_index.default_capacity_blocks` blocks (until the
+    /// replica's `vllm:cache_config_info` says).
+    pub cache_capacity_tokens: Option<u64>,
 }
 
 impl Default for EndpointConfig {
@@ -319,6 +292,8 @@ impl Default for EndpointConfig {
             weight: 1.0,
             max_in_flight: None,
             drain: false,
+            prefill_tokens_per_s: None,
+            cache_capacity_tokens: None,
         }
     }
 }
@@ -419,10 +394,30 @@ impl Config {
                     weight: ep.weight,
                     max_in_flight: ep.max_in_flight,
                     drain: ep.drain,
+                    prefill_tokens_per_s: ep.prefill_tokens_per_s.or(pool.prefill_tokens_per_s),
+                    cache_capacity_tokens: ep.cache_capacity_tokens.or(pool.cache_capacity_tokens),
                 });
             }
         }
         out
+    }
+}
+
+impl ResolvedEndpoint {
+    /// An endpoint at `address` serving `models`, everything else at its default (tests and
+    /// discovery sources that know only addresses).
+    pub fn new(address: SocketAddr, pool: &str, models: &[&str]) -> ResolvedEndpoint {
+        ResolvedEndpoint {
+            address,
+            pool: pool.to_string(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            adapters: Vec::new(),
+            weight: 1.0,
+            max_in_flight: None,
+            drain: false,
+            prefill_tokens_per_s: None,
+            cache_capacity_tokens: None,
+        }
     }
 }
 
@@ -443,4 +438,8 @@ pub struct ResolvedEndpoint {
     pub max_in_flight: Option<u32>,
     /// Out of rotation for new requests.
     pub drain: bool,
+    /// Configured prefill speed, tokens per second.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Configured KV-cache capacity, tokens.
+    pub cache_capacity_tokens: Option<u64>,
 }

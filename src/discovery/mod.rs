@@ -13,6 +13,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::ResolvedEndpoint;
+use crate::index::{EndpointId, EndpointInterner};
 use crate::load::EndpointLoad;
 
 /// One replica, as known to the router.
@@ -20,6 +21,8 @@ use crate::load::EndpointLoad;
 pub struct Endpoint {
     /// Where Envoy sends its requests.
     pub address: SocketAddr,
+    /// Its small id in the ownership index (stable for the address for the process's life).
+    pub id: EndpointId,
     /// `address` formatted once, as written in the destination header.
     pub address_str: Arc<str>,
     /// The pool it was configured in.
@@ -34,6 +37,10 @@ pub struct Endpoint {
     pub max_in_flight: Option<u32>,
     /// Out of rotation for new requests (config `drain`).
     pub draining: bool,
+    /// Configured prefill speed, tokens per second.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Configured KV-cache capacity, tokens.
+    pub cache_capacity_tokens: Option<u64>,
     /// Live load counters, carried across snapshots.
     pub load: Arc<EndpointLoad>,
 }
@@ -93,7 +100,12 @@ impl EndpointSet {
         names
     }
 
-    fn build(specs: &[ResolvedEndpoint], previous: &EndpointSet, version: u64) -> EndpointSet {
+    fn build(
+        specs: &[ResolvedEndpoint],
+        previous: &EndpointSet,
+        version: u64,
+        interner: &EndpointInterner,
+    ) -> EndpointSet {
         let mut set = EndpointSet {
             version,
             ..EndpointSet::default()
@@ -106,6 +118,7 @@ impl EndpointSet {
             let i = set.endpoints.len();
             set.endpoints.push(Arc::new(Endpoint {
                 address: spec.address,
+                id: interner.intern(spec.address),
                 address_str: spec.address.to_string().into(),
                 pool: spec.pool.as_str().into(),
                 models: spec.models.clone(),
@@ -113,6 +126,8 @@ impl EndpointSet {
                 weight: spec.weight,
                 max_in_flight: spec.max_in_flight,
                 draining: spec.drain,
+                prefill_tokens_per_s: spec.prefill_tokens_per_s,
+                cache_capacity_tokens: spec.cache_capacity_tokens,
                 load,
             }));
             set.by_address.insert(spec.address, i);
@@ -142,6 +157,7 @@ pub struct Registry {
     current: ArcSwap<EndpointSet>,
     publish_lock: parking_lot::Mutex<()>,
     versions: tokio::sync::watch::Sender<u64>,
+    interner: EndpointInterner,
 }
 
 impl Default for Registry {
@@ -150,6 +166,7 @@ impl Default for Registry {
             current: ArcSwap::default(),
             publish_lock: parking_lot::Mutex::new(()),
             versions: tokio::sync::watch::Sender::new(0),
+            interner: EndpointInterner::new(),
         }
     }
 }
@@ -167,6 +184,11 @@ impl Registry {
         self.current.load_full()
     }
 
+    /// The address <-> index id mapping of every endpoint ever published.
+    pub fn interner(&self) -> &EndpointInterner {
+        &self.interner
+    }
+
     /// Notified with the new version after every publish.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.versions.subscribe()
@@ -178,7 +200,7 @@ impl Registry {
         // never blocked by this lock.
         let _guard = self.publish_lock.lock();
         let previous = self.current.load_full();
-        let next = EndpointSet::build(specs, &previous, previous.version + 1);
+        let next = EndpointSet::build(specs, &previous, previous.version + 1, &self.interner);
         let before: HashSet<SocketAddr> = previous.by_address.keys().copied().collect();
         let after: HashSet<SocketAddr> = next.by_address.keys().copied().collect();
         let mut change = SetChange {
@@ -199,15 +221,9 @@ mod tests {
     use super::*;
 
     fn spec(port: u16, models: &[&str], adapters: &[&str]) -> ResolvedEndpoint {
-        ResolvedEndpoint {
-            address: SocketAddr::from(([127, 0, 0, 1], port)),
-            pool: "p".into(),
-            models: models.iter().map(|s| s.to_string()).collect(),
-            adapters: adapters.iter().map(|s| s.to_string()).collect(),
-            weight: 1.0,
-            max_in_flight: None,
-            drain: false,
-        }
+        let mut e = ResolvedEndpoint::new(SocketAddr::from(([127, 0, 0, 1], port)), "p", models);
+        e.adapters = adapters.iter().map(|s| s.to_string()).collect();
+        e
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub struct Tracked {
     pub guard: InflightGuard,
     /// The endpoint it was sent to (updated if a retry moved it).
     pub endpoint: Arc<Endpoint>,
-    /// Prompt tokens the decision assumed.
+    /// Uncached prompt tokens the decision gave the endpoint to prefill.
     pub prompt_tokens: u64,
     /// When the decision was made.
     pub decided_at: Instant,
@@ -142,15 +142,11 @@ mod tests {
     }
 
     fn registry() -> Registry {
-        Registry::new(&[ResolvedEndpoint {
-            address: "127.0.0.1:1".parse().unwrap(),
-            pool: "p".into(),
-            models: vec!["m".into()],
-            adapters: vec![],
-            weight: 1.0,
-            max_in_flight: None,
-            drain: false,
-        }])
+        Registry::new(&[ResolvedEndpoint::new(
+            "127.0.0.1:1".parse().unwrap(),
+            "p",
+            &["m"],
+        )])
     }
 
     #[test]

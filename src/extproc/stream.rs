@@ -39,11 +39,7 @@ use super::inflight::{InflightTable, Tracked};
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
 use crate::request::{self, ApiKind};
-use crate::router::{Decision, Router};
-
-/// Bodies larger than this are parsed on the blocking pool, so a huge prompt cannot stall the
-/// async workers that serve every other stream.
-const INLINE_PARSE_MAX_BYTES: usize = 256 * 1024;
+use crate::router::{Decision, RouteContext, Router};
 
 /// How a stream ended, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +74,8 @@ impl Outcome {
 struct Pending {
     api: ApiKind,
     subset: Option<Vec<SocketAddr>>,
+    tenant: Option<String>,
+    request_id: String,
     body: Vec<u8>,
     /// End offset of each received chunk, to echo chunks back with their original boundaries.
     chunk_ends: Vec<usize>,
@@ -194,9 +192,15 @@ impl Stream {
             .map(|id| id.chars().take(64).collect())
             .unwrap_or_default();
         let path = envoy::header_str(headers, ":path").unwrap_or("");
+        let tenant = self
+            .router
+            .tenant_header()
+            .and_then(|name| envoy::header_str(headers, &name).map(str::to_string));
         let pending = Pending {
             api: ApiKind::from_path(path),
             subset: envoy::subset_hint(msg.metadata_context.as_ref()),
+            tenant,
+            request_id: self.request_id.clone(),
             body: Vec::new(),
             chunk_ends: Vec::new(),
         };
@@ -244,6 +248,8 @@ impl Stream {
             self.phase = Phase::RequestBody(Pending {
                 api: ApiKind::from_path(path),
                 subset: envoy::subset_hint(msg.metadata_context.as_ref()),
+                tenant: None,
+                request_id: self.request_id.clone(),
                 body: Vec::new(),
                 chunk_ends: Vec::new(),
             });
@@ -309,7 +315,7 @@ impl Stream {
         trailers: bool,
     ) -> Vec<ProcessingResponse> {
         let router = Arc::clone(&self.router);
-        let (pending, result) = if pending.body.len() > INLINE_PARSE_MAX_BYTES {
+        let (pending, result) = if router.decides_slowly(pending.body.len()) {
             let joined = tokio::task::spawn_blocking(move || {
                 let result = decide_guarded(&router, &pending);
                 (pending, result)
@@ -336,8 +342,9 @@ impl Stream {
                     pick = id,
                     api = pending.api.as_str(),
                     endpoint = %decision.primary().address_str,
-                    policy = decision.policy,
-                    prompt_tokens = decision.prompt_tokens,
+                    policy = decision.policy(),
+                    prompt_tokens = decision.prompt_tokens(),
+                    uncached_tokens = decision.plan.uncached_tokens(),
                     "routed"
                 );
                 self.table.insert(id, tracked(decision));
@@ -498,7 +505,7 @@ impl Drop for Stream {
 fn tracked(d: Decision) -> Tracked {
     Tracked {
         endpoint: Arc::clone(d.primary()),
-        prompt_tokens: d.prompt_tokens,
+        prompt_tokens: d.plan.uncached_tokens(),
         decided_at: Instant::now(),
         guard: d.guard,
     }
@@ -509,9 +516,16 @@ fn tracked(d: Decision) -> Tracked {
 fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>, Rejection> {
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let parsed = request::parse(pending.api, &pending.body)?;
-        router
-            .decide(&parsed, pending.subset.as_deref())
-            .map_err(Rejection::from)
+        let ctx = RouteContext {
+            subset: pending.subset.as_deref(),
+            tenant: pending.tenant.as_deref(),
+        };
+        let decision = router.decide(&parsed, ctx).map_err(Rejection::from)?;
+        let log = router.decision_log();
+        if log.enabled() {
+            log.record(&pending.request_id, decision.plan.explain());
+        }
+        Ok(decision)
     }));
     match attempt {
         Ok(result) => result.map(Some),

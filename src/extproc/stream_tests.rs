@@ -37,10 +37,14 @@ struct Fixture {
 impl Fixture {
     fn new() -> Fixture {
         Fixture {
-            router: Arc::new(Router::new(
-                Config::parse_and_validate(CONFIG, "test").unwrap(),
-                Arc::new(Metrics::new()),
-            )),
+            router: Arc::new(
+                Router::new(
+                    Config::parse_and_validate(CONFIG, "test").unwrap(),
+                    Arc::new(Metrics::new()),
+                    std::path::Path::new("."),
+                )
+                .unwrap(),
+            ),
             table: Arc::new(InflightTable::default()),
         }
     }

@@ -6,9 +6,9 @@
 
 use super::filters::Saturation;
 use super::pickers::{MaxScore, TieBreak};
-use super::scorers::LoadScorer;
+use super::scorers::{KvCacheScorer, LoadScorer, PrefixScorer, QueueScorer};
 use super::{CandidateView, Filter, Picker, Policy, Ranking, RequestView, Scorer};
-use crate::config::LeastLoadedConfig;
+use crate::config::{PolicyConfig, ScorerName, TieBreakName};
 
 /// Filters -> weighted scorers -> picker.
 #[derive(Debug)]
@@ -39,17 +39,48 @@ impl Composed {
 
 /// `least-loaded`: the saturation filter, the in-flight load scorer, max-score with rotating
 /// tie-break.
-pub fn least_loaded(config: &LeastLoadedConfig) -> Composed {
+pub fn least_loaded(config: &PolicyConfig) -> Composed {
     Composed::new(
         "least-loaded",
-        vec![Box::new(Saturation)],
+        vec![Box::new(Saturation::from(&config.saturation))],
         vec![(
             Box::new(LoadScorer {
-                tokens_per_request: config.tokens_per_request,
+                tokens_per_request: config.least_loaded.tokens_per_request,
             }),
             1.0,
         )],
         Box::new(MaxScore::new(TieBreak::Rotate)),
+    )
+}
+
+/// `weighted-scorers`: the saturation filter, the configured scorers with their weights, and
+/// the max-score picker with the configured tie-break.
+pub fn weighted_scorers(config: &PolicyConfig) -> Composed {
+    let c = &config.weighted_scorers;
+    let scorers = c
+        .scorers
+        .iter()
+        .map(|s| {
+            let scorer: Box<dyn Scorer> = match s.name {
+                ScorerName::Prefix => Box::new(PrefixScorer),
+                ScorerName::Queue => Box::new(QueueScorer),
+                ScorerName::KvCache => Box::new(KvCacheScorer),
+                ScorerName::Load => Box::new(LoadScorer {
+                    tokens_per_request: config.least_loaded.tokens_per_request,
+                }),
+            };
+            (scorer, s.weight)
+        })
+        .collect();
+    let tie = match c.tie_break {
+        TieBreakName::Rotate => TieBreak::Rotate,
+        TieBreakName::Random => TieBreak::Random,
+    };
+    Composed::new(
+        "weighted-scorers",
+        vec![Box::new(Saturation::from(&config.saturation))],
+        scorers,
+        Box::new(MaxScore::new(tie)),
     )
 }
 
@@ -88,7 +119,11 @@ impl Policy for Composed {
         let scores = (0..n)
             .map(|i| eligible.contains(&i).then_some(total[i]))
             .collect();
-        Ranking { order, scores }
+        Ranking {
+            order,
+            scores,
+            predicted_ttft_ms: None,
+        }
     }
 }
 
@@ -99,7 +134,26 @@ mod tests {
     use proptest::prelude::*;
 
     fn ll() -> Composed {
-        least_loaded(&LeastLoadedConfig::default())
+        least_loaded(&PolicyConfig::default())
+    }
+
+    #[test]
+    fn weighted_scorers_combine_prefix_and_queue() {
+        use crate::policy::testing::{cached, request};
+        let mut config = PolicyConfig::default();
+        config.weighted_scorers.tie_break = TieBreakName::Rotate;
+        let p = weighted_scorers(&config);
+        // Default weights: prefix 3, queue 2, kv-cache 2 (neutral without scrapes).
+        // A: all cached, 4 queued -> 3*1 + 2*0; B: nothing cached, idle -> 3*0 + 2*1.
+        let r = p.rank(&request(100), &[cached(1, 4, 0, 100), cached(2, 0, 0, 0)]);
+        assert_eq!(r.pick(), 0);
+        let s = r.scores;
+        assert!((s[0].unwrap() - (3.0 + 1.0) / 7.0).abs() < 1e-12, "{s:?}");
+        assert!((s[1].unwrap() - (2.0 + 1.0) / 7.0).abs() < 1e-12, "{s:?}");
+        config.weighted_scorers.scorers[0].weight = 1.0;
+        let p = weighted_scorers(&config);
+        let r = p.rank(&request(100), &[cached(1, 4, 0, 100), cached(2, 0, 0, 0)]);
+        assert_eq!(r.pick(), 1, "queue outweighs prefix at weight 1");
     }
 
     #[test]

@@ -8,11 +8,16 @@
 //! Policies are either written directly ([`round_robin`]) or composed GIE-style from
 //! [`Filter`]s, weighted [`Scorer`]s and a [`Picker`] ([`composed`]).
 
+pub mod cache_load_score;
 pub mod composed;
+pub mod cost;
 pub mod filters;
 pub mod pickers;
+pub mod predicted_ttft;
+pub mod prefix_affinity;
 pub mod round_robin;
 pub mod scorers;
+pub mod sglang;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -30,6 +35,17 @@ pub struct RequestView {
     pub max_tokens: Option<u64>,
 }
 
+/// The engine's own view of its load, scraped from its metrics; present only while fresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineLoad {
+    /// Requests queued in the engine, not yet scheduled (`num_requests_waiting`).
+    pub waiting_requests: u64,
+    /// Requests in the engine's running batch (`num_requests_running`).
+    pub running_requests: u64,
+    /// KV-cache usage, 0..1 (`kv_cache_usage_perc`).
+    pub kv_cache_usage: f64,
+}
+
 /// What a policy knows about one candidate endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CandidateView {
@@ -43,9 +59,29 @@ pub struct CandidateView {
     pub max_in_flight: Option<u32>,
     /// Tokens of this request's prompt prefix believed cached there.
     pub matched_tokens: u64,
+    /// Of `matched_tokens`, those the engine's KV events confirmed (the rest are predictions).
+    pub confirmed_tokens: u64,
+    /// The endpoint's prefill speed (configured or learned), prompt tokens per second, > 0.
+    pub prefill_tokens_per_s: f64,
+    /// The engine's scraped load, when fresh.
+    pub engine: Option<EngineLoad>,
 }
 
 impl CandidateView {
+    /// Tokens of the prompt not cached there (what its prefill must compute).
+    pub fn uncached_tokens(&self, request: &RequestView) -> u64 {
+        request.prompt_tokens.saturating_sub(self.matched_tokens)
+    }
+
+    /// Fraction of the prompt cached there, 0..1.
+    pub fn matched_fraction(&self, request: &RequestView) -> f64 {
+        if request.prompt_tokens == 0 {
+            0.0
+        } else {
+            (self.matched_tokens as f64 / request.prompt_tokens as f64).min(1.0)
+        }
+    }
+
     /// In-flight requests plus prefill tokens expressed in requests (`tokens_per_request`
     /// tokens weigh as one request), divided by weight.
     pub fn weighted_load(&self, tokens_per_request: f64) -> f64 {
@@ -63,6 +99,8 @@ pub struct Ranking {
     /// Per candidate (same indexing as the input): its score, where higher is better, or `None`
     /// if a filter excluded it (it then ranks after every eligible candidate).
     pub scores: Vec<Option<f64>>,
+    /// Per candidate, the predicted time to first token in ms, for policies that predict it.
+    pub predicted_ttft_ms: Option<Vec<f64>>,
 }
 
 impl Ranking {
@@ -108,7 +146,55 @@ pub trait Picker: Send + Sync + fmt::Debug {
 pub fn build(config: &PolicyConfig) -> Arc<dyn Policy> {
     match config.name {
         PolicyName::RoundRobin => Arc::new(round_robin::RoundRobin::default()),
-        PolicyName::LeastLoaded => Arc::new(composed::least_loaded(&config.least_loaded)),
+        PolicyName::LeastLoaded => Arc::new(composed::least_loaded(config)),
+        PolicyName::PrefixAffinity => Arc::new(prefix_affinity::PrefixAffinity::new(config)),
+        PolicyName::CacheLoadScore => Arc::new(cache_load_score::CacheLoadScore::new(config)),
+        PolicyName::SglangCacheAware => Arc::new(sglang::SglangCacheAware::new(config)),
+        PolicyName::PredictedTtft => Arc::new(predicted_ttft::PredictedTtft::new(config)),
+        PolicyName::WeightedScorers => Arc::new(composed::weighted_scorers(config)),
+    }
+}
+
+/// Orders `eligible` by `key` ascending; keys within `tolerance` (relative to the smallest key,
+/// plus a tiny absolute slack) of each other count as equal and are ordered by `tie` ascending,
+/// then by a rotating offset so repeated ties spread over the candidates.
+pub(crate) fn order_by(
+    eligible: &[usize],
+    key: impl Fn(usize) -> f64,
+    tolerance: f64,
+    tie: impl Fn(usize) -> f64,
+    rotation: usize,
+    n: usize,
+) -> Vec<usize> {
+    let mut order = eligible.to_vec();
+    order.sort_by(|&a, &b| key(a).total_cmp(&key(b)));
+    // Group runs of near-equal keys, then sort each group by the tie-breakers.
+    let mut out = Vec::with_capacity(order.len());
+    let mut start = 0;
+    while start < order.len() {
+        let base = key(order[start]);
+        let slack = base.abs() * tolerance + 1e-9;
+        let mut end = start + 1;
+        while end < order.len() && key(order[end]) - base <= slack {
+            end += 1;
+        }
+        let n = n.max(1);
+        let rotated = |i: usize| (i + n - rotation % n) % n;
+        let mut group = order[start..end].to_vec();
+        group.sort_by(|&a, &b| tie(a).total_cmp(&tie(b)).then(rotated(a).cmp(&rotated(b))));
+        out.extend(group);
+        start = end;
+    }
+    out
+}
+
+/// Candidates that pass `keep`; all of them if none does (never refuse for saturation).
+pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Vec<usize> {
+    let kept: Vec<usize> = (0..n).filter(|&i| keep(i)).collect();
+    if kept.is_empty() {
+        (0..n).collect()
+    } else {
+        kept
     }
 }
 
@@ -117,7 +203,8 @@ pub(crate) mod testing {
     //! Candidate fixtures shared by the policy tests.
     use super::*;
 
-    /// A candidate on port `port` with `requests` in flight and `tokens` waiting for prefill.
+    /// A candidate on port `port` with `requests` in flight and `tokens` waiting for prefill,
+    /// nothing cached, prefilling 10k tokens/s.
     pub fn candidate(port: u16, requests: u64, tokens: u64) -> CandidateView {
         CandidateView {
             address: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -129,6 +216,25 @@ pub(crate) mod testing {
             },
             max_in_flight: None,
             matched_tokens: 0,
+            confirmed_tokens: 0,
+            prefill_tokens_per_s: 10_000.0,
+            engine: None,
+        }
+    }
+
+    /// `candidate` with `matched` prompt tokens cached.
+    pub fn cached(port: u16, requests: u64, tokens: u64, matched: u64) -> CandidateView {
+        CandidateView {
+            matched_tokens: matched,
+            ..candidate(port, requests, tokens)
+        }
+    }
+
+    /// A request of `prompt` tokens.
+    pub fn request(prompt: u64) -> RequestView {
+        RequestView {
+            prompt_tokens: prompt,
+            max_tokens: None,
         }
     }
 

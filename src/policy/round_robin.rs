@@ -22,6 +22,7 @@ impl Policy for RoundRobin {
         Ranking {
             order: (0..n).map(|i| (start + i) % n).collect(),
             scores: vec![Some(0.0); n],
+            predicted_ttft_ms: None,
         }
     }
 }

@@ -1,18 +1,30 @@
-//! The decision pipeline as one function: request -> candidates -> prefix -> load snapshot ->
-//! policy -> pick + record. Used alike by the ext_proc server, the admin API and the CLI; holds no
-//! Envoy types.
+//! The decision pipeline as one function: request -> candidates -> prefix identity -> index and
+//! load snapshot -> policy -> pick + record. Used alike by the ext_proc server, the admin API and
+//! the CLI; holds no Envoy types.
+//!
+//! [`Router::plan`] computes a decision without side effects (for `explain`);
+//! [`Router::decide`] also commits it: the in-flight guard on the pick, the prediction that the
+//! pick now holds the prompt's prefix blocks, and the metrics.
+
+mod explain;
+mod log;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
+pub use explain::{CandidateRow, Explanation};
+pub use log::DecisionLog;
+
 use crate::config::Config;
-use crate::discovery::{Endpoint, EndpointSet, Registry, SetChange};
+use crate::discovery::{Endpoint, EndpointSet, ModelMatch, Registry, SetChange};
+use crate::index::{IndexOptions, OwnershipIndex, TokioClock};
 use crate::load::InflightGuard;
 use crate::policy::{self, CandidateView, Policy, Ranking, RequestView};
-use crate::prefix;
+use crate::prefix::{Namespace, PrefixError, PrefixIdentity, TenantSalts, TokenizerRegistry};
 use crate::request::ParsedRequest;
 use crate::telemetry::Metrics;
 
@@ -23,6 +35,19 @@ pub struct RouterState {
     pub config: Arc<Config>,
     /// The policy it names.
     pub policy: Arc<dyn Policy>,
+    /// Tokenizers per model.
+    pub tokenizers: Arc<TokenizerRegistry>,
+    /// Tenant -> namespace salt.
+    pub tenants: TenantSalts,
+}
+
+/// What the gateway tells us besides the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteContext<'a> {
+    /// The gateway's subset hint: the only endpoints we may pick.
+    pub subset: Option<&'a [SocketAddr]>,
+    /// The tenant, from the trusted tenancy header.
+    pub tenant: Option<&'a str>,
 }
 
 /// Routes requests over the current endpoint set.
@@ -30,32 +55,74 @@ pub struct RouterState {
 pub struct Router {
     registry: Registry,
     state: ArcSwap<RouterState>,
+    index: OwnershipIndex,
     metrics: Arc<Metrics>,
+    base_dir: PathBuf,
+    decisions: DecisionLog,
+}
+
+/// A decision computed but not committed: everything a policy saw and said.
+#[derive(Debug)]
+pub struct Plan {
+    /// Ranked endpoints: the pick, then up to `routing.fallback_endpoints` fallbacks.
+    pub endpoints: Vec<Arc<Endpoint>>,
+    /// The policy that decided.
+    pub policy: &'static str,
+    /// The prompt's identity (length, block hashes).
+    pub prefix: PrefixIdentity,
+    /// What the policy saw, one entry per candidate.
+    pub candidates: Vec<CandidateView>,
+    /// The policy's ranking of `candidates`.
+    pub ranking: Ranking,
+    /// The requested model, and the adapter if the model named one.
+    pub model: String,
+    /// The LoRA adapter, if `model` named one.
+    pub adapter: Option<String>,
+}
+
+impl Plan {
+    /// The picked endpoint.
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        &self.endpoints[0]
+    }
+
+    /// Uncached prompt tokens on the pick: the prefill work it was given.
+    pub fn uncached_tokens(&self) -> u64 {
+        let pick = &self.candidates[self.ranking.pick()];
+        self.prefix.tokens.saturating_sub(pick.matched_tokens)
+    }
+
+    /// The user-facing breakdown (no prompt text).
+    pub fn explain(&self) -> Explanation {
+        Explanation::from_plan(self)
+    }
 }
 
 /// Where a request should go, and its share of the chosen endpoint's load.
 #[derive(Debug)]
 pub struct Decision {
-    /// Ranked endpoints: the pick, then up to `routing.fallback_endpoints` fallbacks.
-    pub endpoints: Vec<Arc<Endpoint>>,
-    /// The destination value: `ip:port` of each, comma-separated, pick first.
+    /// What was decided.
+    pub plan: Plan,
+    /// The destination value: `ip:port` of each endpoint, comma-separated, pick first.
     pub destination: String,
     /// Counts the request against the pick until dropped.
     pub guard: InflightGuard,
-    /// The policy that decided.
-    pub policy: &'static str,
-    /// Prompt tokens the decision assumed (exact or estimated).
-    pub prompt_tokens: u64,
-    /// What the policy saw, for explanations: one entry per candidate.
-    pub candidates: Vec<CandidateView>,
-    /// The policy's ranking of `candidates`.
-    pub ranking: Ranking,
 }
 
 impl Decision {
     /// The picked endpoint.
     pub fn primary(&self) -> &Arc<Endpoint> {
-        &self.endpoints[0]
+        self.plan.primary()
+    }
+
+    /// The policy that decided.
+    pub fn policy(&self) -> &'static str {
+        self.plan.policy
+    }
+
+    /// Prompt tokens (exact or estimated).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.plan.prefix.tokens
     }
 }
 
@@ -78,19 +145,46 @@ pub enum RouteError {
     },
 }
 
+/// Why a config could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// A tokenizer named by the config could not be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] PrefixError),
+}
+
 impl Router {
-    /// A router over `config`'s endpoints.
-    pub fn new(config: Config, metrics: Arc<Metrics>) -> Router {
+    /// A router over `config`'s endpoints; relative tokenizer paths resolve against `base_dir`
+    /// (the config file's directory).
+    pub fn new(
+        config: Config,
+        metrics: Arc<Metrics>,
+        base_dir: &Path,
+    ) -> Result<Router, ApplyError> {
+        let tokenizers = TokenizerRegistry::from_config(&config.models, base_dir)?;
         let registry = Registry::new(&config.resolved_endpoints());
-        let policy = policy::build(&config.policy);
-        Router {
+        let index = OwnershipIndex::new(
+            IndexOptions::from(&config.cache_index),
+            Arc::new(TokioClock::new()),
+        );
+        let router = Router {
             registry,
             state: ArcSwap::from_pointee(RouterState {
+                policy: policy::build(&config.policy),
+                tenants: TenantSalts::from_config(&config.tenancy),
+                tokenizers: Arc::new(tokenizers),
                 config: Arc::new(config),
-                policy,
             }),
+            index,
             metrics,
-        }
+            base_dir: base_dir.to_path_buf(),
+            decisions: DecisionLog::default(),
+        };
+        router.apply_capacities();
+        router
+            .decisions
+            .set_capacity(router.config().debug.record_decisions);
+        Ok(router)
     }
 
     /// The config in force.
@@ -103,6 +197,26 @@ impl Router {
         self.registry.snapshot()
     }
 
+    /// The ownership index.
+    pub fn index(&self) -> &OwnershipIndex {
+        &self.index
+    }
+
+    /// The tokenizer registry in force.
+    pub fn tokenizers(&self) -> Arc<TokenizerRegistry> {
+        Arc::clone(&self.state.load().tokenizers)
+    }
+
+    /// The header naming the tenant, if tenancy is configured.
+    pub fn tenant_header(&self) -> Option<String> {
+        self.state.load().tenants.header().map(str::to_string)
+    }
+
+    /// Recently recorded decisions (when `debug.record_decisions` > 0).
+    pub fn decision_log(&self) -> &DecisionLog {
+        &self.decisions
+    }
+
     /// Notified with the endpoint set's version after every change.
     pub fn subscribe_endpoints(&self) -> tokio::sync::watch::Receiver<u64> {
         self.registry.subscribe()
@@ -113,43 +227,87 @@ impl Router {
         &self.metrics
     }
 
+    /// Whether deciding `body_len` bytes may take long enough (tokenizing) that it belongs on
+    /// the blocking pool rather than an async worker.
+    pub fn decides_slowly(&self, body_len: usize) -> bool {
+        body_len > 256 * 1024
+            || self
+                .state
+                .load()
+                .config
+                .models
+                .iter()
+                .any(|m| m.tokenizer.is_some())
+    }
+
     /// Applies a reloaded config: publishes the new endpoint set (in-flight requests keep their
-    /// accounting) and swaps the policy if its config changed. Server listen addresses cannot
+    /// accounting), drops removed endpoints' cache entries, reloads changed tokenizers and swaps
+    /// the policy if its config changed. On error nothing changes. Server listen addresses cannot
     /// change at runtime; the caller warns about that.
-    pub fn apply(&self, config: Config) -> SetChange {
+    pub fn apply(&self, config: Config) -> Result<SetChange, ApplyError> {
         let old = self.state.load_full();
+        let tokenizers = if old.config.models == config.models {
+            Arc::clone(&old.tokenizers)
+        } else {
+            Arc::new(old.tokenizers.rebuild(&config.models, &self.base_dir)?)
+        };
         let change = self.registry.publish(&config.resolved_endpoints());
+        for addr in &change.removed {
+            if let Some(id) = self.registry.interner().get(addr) {
+                self.index.clear_endpoint(id);
+            }
+        }
         let policy = if old.config.policy == config.policy {
             Arc::clone(&old.policy)
         } else {
             policy::build(&config.policy)
         };
         self.state.store(Arc::new(RouterState {
+            tenants: TenantSalts::from_config(&config.tenancy),
             config: Arc::new(config),
             policy,
+            tokenizers,
         }));
-        change
+        self.apply_capacities();
+        self.decisions
+            .set_capacity(self.config().debug.record_decisions);
+        Ok(change)
     }
 
-    /// Picks endpoints for `request`, restricted to `subset` when the gateway sent a subset hint.
-    pub fn decide(
+    /// Sets each endpoint's index capacity from its configured KV capacity, in blocks of its
+    /// (first) model's block size.
+    fn apply_capacities(&self) {
+        let state = self.state.load();
+        for ep in self.registry.snapshot().all() {
+            let Some(tokens) = ep.cache_capacity_tokens else {
+                continue;
+            };
+            let model = ep.models.first().map(String::as_str).unwrap_or("");
+            let block = u64::from(state.tokenizers.block_size_tokens(model).max(1));
+            let _ = self
+                .index
+                .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));
+        }
+    }
+
+    /// Computes where `request` would go, without committing anything.
+    pub fn plan(
         &self,
         request: &ParsedRequest<'_>,
-        subset: Option<&[SocketAddr]>,
-    ) -> Result<Decision, RouteError> {
-        let started = Instant::now();
+        ctx: RouteContext<'_>,
+    ) -> Result<Plan, RouteError> {
         let state = self.state.load();
         let set = self.registry.snapshot();
-        let model = request.model.as_ref();
+        let requested = request.model.as_ref();
 
-        let serving: Vec<usize> = if model.is_empty() {
-            (0..set.all().len()).collect()
+        let (kind, serving): (ModelMatch, Vec<usize>) = if requested.is_empty() {
+            (ModelMatch::Base, (0..set.all().len()).collect())
         } else {
-            match set.serving(model) {
-                Some((_, ids)) => ids.to_vec(),
+            match set.serving(requested) {
+                Some((kind, ids)) => (kind, ids.to_vec()),
                 None => {
                     return Err(RouteError::UnknownModel {
-                        model: model.to_string(),
+                        model: requested.to_string(),
                     })
                 }
             }
@@ -157,7 +315,7 @@ impl Router {
         let in_subset: Vec<&Arc<Endpoint>> = serving
             .iter()
             .map(|&i| &set.all()[i])
-            .filter(|ep| subset.is_none_or(|s| s.contains(&ep.address)))
+            .filter(|ep| ctx.subset.is_none_or(|s| s.contains(&ep.address)))
             .collect();
         let eligible: Vec<&Arc<Endpoint>> = in_subset
             .iter()
@@ -166,8 +324,8 @@ impl Router {
             .collect();
         if eligible.is_empty() {
             return Err(RouteError::NoEndpoint {
-                model: model.to_string(),
-                reason: if in_subset.is_empty() && subset.is_some() {
+                model: requested.to_string(),
+                reason: if in_subset.is_empty() && ctx.subset.is_some() {
                     "the gateway's subset hint excludes every endpoint serving it"
                 } else if in_subset.is_empty() {
                     "no endpoints are configured"
@@ -177,47 +335,94 @@ impl Router {
             });
         }
 
-        let prompt_tokens = prefix::estimate_tokens(request.prompt.text_bytes());
-        let view = RequestView {
-            prompt_tokens,
-            max_tokens: request.max_tokens,
+        // The namespace: the base model's tokenizer and block size, the adapter, the tenant.
+        let (base_model, adapter) = match kind {
+            ModelMatch::Base => (requested.to_string(), None),
+            // An adapter runs on its endpoint's (first) base model.
+            ModelMatch::Adapter => (
+                eligible[0].models.first().cloned().unwrap_or_default(),
+                Some(requested.to_string()),
+            ),
         };
+        let salt = state.tenants.salt(ctx.tenant);
+        let ns = Namespace::new(&base_model, adapter.as_deref(), salt.as_deref())
+            .with_cache_salt(request.cache_salt.as_deref());
+        let prefix = state.tokenizers.identify(request, &ns);
+
+        let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
+        let matches = self.index.lookup(&prefix.block_hashes, &ids);
+        let block = u64::from(prefix.block_size_tokens);
+        let default_speed = state
+            .config
+            .policy
+            .predicted_ttft
+            .default_prefill_tokens_per_s;
         let candidates: Vec<CandidateView> = eligible
             .iter()
-            .map(|ep| CandidateView {
+            .zip(&matches)
+            .map(|(ep, m)| CandidateView {
                 address: ep.address,
                 weight: ep.weight,
                 load: ep.load.snapshot(),
                 max_in_flight: ep.max_in_flight,
-                matched_tokens: 0,
+                matched_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+                confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
+                prefill_tokens_per_s: ep.prefill_tokens_per_s.unwrap_or(default_speed),
+                engine: None,
             })
             .collect();
+        let view = RequestView {
+            prompt_tokens: prefix.tokens,
+            max_tokens: request.max_tokens,
+        };
         let ranking = state.policy.rank(&view, &candidates);
-
         let keep = 1 + state.config.routing.fallback_endpoints;
-        let endpoints: Vec<Arc<Endpoint>> = ranking
+        let endpoints = ranking
             .order
             .iter()
             .take(keep)
             .map(|&i| Arc::clone(eligible[i]))
             .collect();
-        let destination = endpoints
+        Ok(Plan {
+            endpoints,
+            policy: state.policy.name(),
+            prefix,
+            candidates,
+            ranking,
+            model: requested.to_string(),
+            adapter,
+        })
+    }
+
+    /// Picks endpoints for `request` and commits the decision: counts it in flight on the pick
+    /// and predicts the pick now holds its prefix.
+    pub fn decide(
+        &self,
+        request: &ParsedRequest<'_>,
+        ctx: RouteContext<'_>,
+    ) -> Result<Decision, RouteError> {
+        let started = Instant::now();
+        let plan = self.plan(request, ctx)?;
+        let primary = Arc::clone(plan.primary());
+        let guard = primary.load.begin(plan.uncached_tokens());
+        if !plan.prefix.block_hashes.is_empty() {
+            // Only fails for an endpoint id beyond 2^24; the decision stands either way.
+            let _ = self
+                .index
+                .insert_predicted(primary.id, &plan.prefix.block_hashes);
+        }
+        let destination = plan
+            .endpoints
             .iter()
             .map(|ep| ep.address_str.as_ref())
             .collect::<Vec<_>>()
             .join(",");
-        let guard = endpoints[0].load.begin(prompt_tokens);
-        let policy = state.policy.name();
         self.metrics
-            .record_decision(policy, &endpoints[0].address_str, started.elapsed());
+            .record_decision(plan.policy, &primary.address_str, started.elapsed());
         Ok(Decision {
-            endpoints,
+            plan,
             destination,
             guard,
-            policy,
-            prompt_tokens,
-            candidates,
-            ranking,
         })
     }
 }

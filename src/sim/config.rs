@@ -108,6 +108,27 @@ pub struct TokenizerPaths {
     pub chat_template: Option<PathBuf>,
 }
 
+impl TokenizerPaths {
+    /// A `tokenizer.json` file, or a directory holding `tokenizer.json` and, when present,
+    /// `tokenizer_config.json` and `chat_template.jinja`.
+    pub fn from_path(path: &std::path::Path) -> TokenizerPaths {
+        if path.is_dir() {
+            let opt = |name: &str| Some(path.join(name)).filter(|p| p.exists());
+            TokenizerPaths {
+                tokenizer_json: path.join("tokenizer.json"),
+                tokenizer_config: opt("tokenizer_config.json"),
+                chat_template: opt("chat_template.jinja"),
+            }
+        } else {
+            TokenizerPaths {
+                tokenizer_json: path.to_path_buf(),
+                tokenizer_config: None,
+                chat_template: None,
+            }
+        }
+    }
+}
+
 /// How many tokens a request without `max_tokens` generates.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]

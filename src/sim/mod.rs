@@ -75,6 +75,7 @@ pub mod config;
 pub mod driver;
 pub mod engine;
 pub mod fleet;
+pub mod hf_tokenizer;
 pub mod kv_events;
 pub mod metrics;
 pub mod openai;
@@ -87,6 +88,7 @@ pub mod tokenize;
 
 pub use config::{FleetConfig, KvEventsConfig, OutputLength, ReplicaConfig, TokenizerPaths};
 pub use fleet::Fleet;
+pub use hf_tokenizer::hf_tokenizer_loader;
 pub use replica::{no_tokenizer_files, serve, Replica, RunningReplica, SimError, TokenizerLoader};
 pub use tokenize::{PromptTokenizer, PromptTokens, WordPieceTokenizer};
 

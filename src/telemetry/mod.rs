@@ -284,15 +284,11 @@ mod tests {
         m.record_decision("least-loaded", "127.0.0.1:1", Duration::from_micros(20));
         m.record_immediate(404);
         m.record_upstream_status("127.0.0.1:1", 503);
-        let endpoints = Endpoints::new(&[ResolvedEndpoint {
-            address: "127.0.0.1:1".parse().unwrap(),
-            pool: "p".into(),
-            models: vec!["m".into()],
-            adapters: vec![],
-            weight: 1.0,
-            max_in_flight: None,
-            drain: false,
-        }]);
+        let endpoints = Endpoints::new(&[ResolvedEndpoint::new(
+            "127.0.0.1:1".parse().unwrap(),
+            "p",
+            &["m"],
+        )]);
         let set = endpoints.snapshot();
         let guard = set.all()[0].load.begin(7);
         let text = m.render(&set);

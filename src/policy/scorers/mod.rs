@@ -1,8 +1,14 @@
 //! Scorers: rate every candidate in `[0, 1]`, higher is better.
 
+mod kv_cache;
 mod load;
+mod prefix;
+mod queue;
 
+pub use kv_cache::KvCacheScorer;
 pub use load::LoadScorer;
+pub use prefix::PrefixScorer;
+pub use queue::QueueScorer;
 
 /// Min-max normalises `values` (lower is better) into scores in `[0, 1]`: the lowest value
 /// scores 1, the highest 0; all equal score 1.

@@ -1,0 +1,260 @@
+//! The `policy` section: which policy routes, and each policy's parameters.
+
+use serde::{Deserialize, Serialize};
+
+/// The routing policy and its parameters. Only the selected policy's section is used; the others
+/// keep their defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Policy name. Default `predicted-ttft`.
+    pub name: PolicyName,
+    /// When an endpoint counts as saturated (filtered out by the policies that filter, unless
+    /// every candidate is saturated).
+    pub saturation: SaturationConfig,
+    /// Parameters of `least-loaded` (also the load figure other policies break ties with).
+    pub least_loaded: LeastLoadedConfig,
+    /// Parameters of `cache-load-score`.
+    pub cache_load_score: CacheLoadScoreConfig,
+    /// Parameters of `sglang-cache-aware`.
+    pub sglang_cache_aware: SglangConfig,
+    /// Parameters of `predicted-ttft`.
+    pub predicted_ttft: PredictedTtftConfig,
+    /// Parameters of `weighted-scorers`.
+    pub weighted_scorers: WeightedScorersConfig,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            name: PolicyName::PredictedTtft,
+            saturation: SaturationConfig::default(),
+            least_loaded: LeastLoadedConfig::default(),
+            cache_load_score: CacheLoadScoreConfig::default(),
+            sglang_cache_aware: SglangConfig::default(),
+            predicted_ttft: PredictedTtftConfig::default(),
+            weighted_scorers: WeightedScorersConfig::default(),
+        }
+    }
+}
+
+/// The routing policies that can be selected by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// Each request to the next candidate in turn; ignores load and cache.
+    RoundRobin,
+    /// Fewest in-flight requests (per unit of weight), then fewest in-flight prefill tokens.
+    LeastLoaded,
+    /// Longest cached prefix wins, ties to the least loaded; ignores load otherwise (the naive
+    /// baseline that melts hot replicas).
+    PrefixAffinity,
+    /// vLLM production-stack: `matched/prompt - beta * (load - mean) / max(1, mean)`, argmax.
+    CacheLoadScore,
+    /// SGLang's gateway: least loaded when the fleet is imbalanced, else the best prefix match
+    /// above a threshold.
+    SglangCacheAware,
+    /// Minimum predicted time to first token: queue wait plus prefill of the uncached tokens.
+    PredictedTtft,
+    /// GIE-style: filters, weighted scorers in `[0, 1]`, max-score picker.
+    WeightedScorers,
+}
+
+impl PolicyName {
+    /// Every policy, in a stable order.
+    pub const ALL: [PolicyName; 7] = [
+        PolicyName::RoundRobin,
+        PolicyName::LeastLoaded,
+        PolicyName::PrefixAffinity,
+        PolicyName::CacheLoadScore,
+        PolicyName::SglangCacheAware,
+        PolicyName::PredictedTtft,
+        PolicyName::WeightedScorers,
+    ];
+
+    /// The name as written in config and in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::RoundRobin => "round-robin",
+            PolicyName::LeastLoaded => "least-loaded",
+            PolicyName::PrefixAffinity => "prefix-affinity",
+            PolicyName::CacheLoadScore => "cache-load-score",
+            PolicyName::SglangCacheAware => "sglang-cache-aware",
+            PolicyName::PredictedTtft => "predicted-ttft",
+            PolicyName::WeightedScorers => "weighted-scorers",
+        }
+    }
+}
+
+/// When an endpoint is too busy to take more work while others can.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SaturationConfig {
+    /// Saturated at this many requests waiting in the engine's queue (scraped
+    /// `num_requests_waiting`; only when fresh). Default 5 (the GIE saturation detector's).
+    pub max_waiting_requests: u64,
+    /// Saturated at this KV-cache usage, 0..1 (scraped `kv_cache_usage_perc`; only when fresh).
+    /// Default 0.8.
+    pub max_kv_cache_usage: f64,
+}
+
+impl Default for SaturationConfig {
+    fn default() -> Self {
+        Self {
+            max_waiting_requests: 5,
+            max_kv_cache_usage: 0.8,
+        }
+    }
+}
+
+/// Parameters of `least-loaded`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeastLoadedConfig {
+    /// How many in-flight prefill tokens weigh as much as one in-flight request when the two are
+    /// combined into one load figure. Default 2048.
+    pub tokens_per_request: f64,
+}
+
+impl Default for LeastLoadedConfig {
+    fn default() -> Self {
+        Self {
+            tokens_per_request: 2048.0,
+        }
+    }
+}
+
+/// Parameters of `cache-load-score`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheLoadScoreConfig {
+    /// Weight of the load term against the matched fraction, >= 0. Default 1.0 (the
+    /// production-stack router's default).
+    pub beta: f64,
+}
+
+impl Default for CacheLoadScoreConfig {
+    fn default() -> Self {
+        Self { beta: 1.0 }
+    }
+}
+
+/// Parameters of `sglang-cache-aware` (defaults are SGLang router's command-line defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SglangConfig {
+    /// Route to the best match only if it covers more than this fraction of the prompt, 0..1.
+    /// Default 0.3.
+    pub cache_threshold: f64,
+    /// The fleet is imbalanced when max - min in-flight requests exceeds this... Default 64.
+    pub balance_abs_threshold: u64,
+    /// ...and max exceeds min times this. Default 1.5.
+    pub balance_rel_threshold: f64,
+}
+
+impl Default for SglangConfig {
+    fn default() -> Self {
+        Self {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+        }
+    }
+}
+
+/// Parameters of `predicted-ttft`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PredictedTtftConfig {
+    /// Prefill speed assumed for an endpoint that has no `prefill_tokens_per_s` of its own and
+    /// none learned yet, in tokens per second. Default 10000 (an 8B model on an A100-class GPU).
+    pub default_prefill_tokens_per_s: f64,
+    /// Fixed time every request pays before prefill (scheduling, the first decode step), in ms.
+    /// Default 0.
+    pub base_ms: f64,
+    /// Extra time per request already running on the endpoint (decode steps share the GPU with
+    /// prefill), in ms. Default 0.5.
+    pub running_request_ms: f64,
+    /// Predictions within this fraction of the best count as a tie, broken towards the lighter
+    /// endpoint. Default 0.02.
+    pub tie_tolerance: f64,
+}
+
+impl Default for PredictedTtftConfig {
+    fn default() -> Self {
+        Self {
+            default_prefill_tokens_per_s: 10_000.0,
+            base_ms: 0.0,
+            running_request_ms: 0.5,
+            tie_tolerance: 0.02,
+        }
+    }
+}
+
+/// Parameters of `weighted-scorers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WeightedScorersConfig {
+    /// The scorers and their weights (>= 0, at least one > 0). Default: prefix 3, queue 2,
+    /// kv-cache 2 (the GIE endpoint picker's default profile).
+    pub scorers: Vec<WeightedScorer>,
+    /// How equal top scores are broken. Default `random` (GIE's max-score picker).
+    pub tie_break: TieBreakName,
+}
+
+impl Default for WeightedScorersConfig {
+    fn default() -> Self {
+        Self {
+            scorers: vec![
+                WeightedScorer {
+                    name: ScorerName::Prefix,
+                    weight: 3.0,
+                },
+                WeightedScorer {
+                    name: ScorerName::Queue,
+                    weight: 2.0,
+                },
+                WeightedScorer {
+                    name: ScorerName::KvCache,
+                    weight: 2.0,
+                },
+            ],
+            tie_break: TieBreakName::Random,
+        }
+    }
+}
+
+/// One scorer with its weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedScorer {
+    /// Which scorer.
+    pub name: ScorerName,
+    /// Its weight, >= 0.
+    pub weight: f64,
+}
+
+/// The scorers `weighted-scorers` can combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScorerName {
+    /// Fraction of the prompt cached on the endpoint.
+    Prefix,
+    /// Fewest queued requests (scraped waiting when fresh, else router in-flight), min-max
+    /// normalised.
+    Queue,
+    /// Free KV cache (1 - usage; scraped, else neutral).
+    KvCache,
+    /// The router's own in-flight load (requests and prefill tokens), min-max normalised.
+    Load,
+}
+
+/// Tie-break of the max-score picker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TieBreakName {
+    /// A rotating offset (deterministic).
+    Rotate,
+    /// Uniformly at random.
+    Random,
+}

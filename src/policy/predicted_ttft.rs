@@ -1,0 +1,147 @@
+//! `predicted-ttft` (the default): the candidate with the lowest predicted time to first token
+//! ([`super::cost`]), saturated endpoints filtered out unless all are, near-ties broken towards
+//! the lighter endpoint.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::cost::CostModel;
+use super::filters::Saturation;
+use super::{eligible_or_all, order_by, CandidateView, Filter, Policy, Ranking, RequestView};
+use crate::config::PolicyConfig;
+
+/// Minimum predicted TTFT.
+#[derive(Debug)]
+pub struct PredictedTtft {
+    model: CostModel,
+    saturation: Saturation,
+    tie_tolerance: f64,
+    tokens_per_request: f64,
+    rotation: AtomicUsize,
+}
+
+impl PredictedTtft {
+    /// The policy with `config`'s parameters.
+    pub fn new(config: &PolicyConfig) -> PredictedTtft {
+        PredictedTtft {
+            model: CostModel::from(&config.predicted_ttft),
+            saturation: Saturation::from(&config.saturation),
+            tie_tolerance: config.predicted_ttft.tie_tolerance,
+            tokens_per_request: config.least_loaded.tokens_per_request,
+            rotation: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Policy for PredictedTtft {
+    fn name(&self) -> &'static str {
+        "predicted-ttft"
+    }
+
+    fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
+        let n = candidates.len();
+        let ttft: Vec<f64> = candidates
+            .iter()
+            .map(|c| self.model.predict(request, c).ttft_ms)
+            .collect();
+        let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
+        let excluded: Vec<usize> = (0..n).filter(|i| !eligible.contains(i)).collect();
+        let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
+        let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let mut order = order_by(
+            &eligible,
+            |i| ttft[i],
+            self.tie_tolerance,
+            load,
+            rotation,
+            n,
+        );
+        order.extend(order_by(
+            &excluded,
+            |i| ttft[i],
+            self.tie_tolerance,
+            load,
+            rotation,
+            n,
+        ));
+        Ranking {
+            order,
+            scores: (0..n)
+                .map(|i| eligible.contains(&i).then_some(-ttft[i]))
+                .collect(),
+            predicted_ttft_ms: Some(ttft),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::{assert_permutation, cached, request};
+    use proptest::prelude::*;
+
+    fn policy() -> PredictedTtft {
+        let mut config = PolicyConfig::default();
+        config.predicted_ttft.running_request_ms = 0.0;
+        PredictedTtft::new(&config)
+    }
+
+    #[test]
+    fn picks_the_cache_holder_until_its_queue_outweighs_the_saving() {
+        let p = policy();
+        let prompt = request(4000);
+        let r = p.rank(&prompt, &[cached(1, 3, 2200, 3000), cached(2, 1, 200, 0)]);
+        assert_eq!(r.pick(), 0);
+        assert_eq!(r.predicted_ttft_ms.as_ref().unwrap(), &vec![320.0, 420.0]);
+        let r = p.rank(&prompt, &[cached(1, 3, 4000, 3000), cached(2, 1, 200, 0)]);
+        assert_eq!(r.pick(), 1);
+        assert_eq!(r.order, vec![1, 0], "the other is the fallback");
+    }
+
+    #[test]
+    fn near_ties_go_to_the_lighter_endpoint() {
+        let p = policy();
+        // Same prediction (nothing queued, nothing cached), different in-flight requests.
+        let busy = cached(1, 5, 0, 0);
+        let idle = cached(2, 0, 0, 0);
+        for _ in 0..4 {
+            assert_eq!(
+                p.rank(&request(100), &[busy.clone(), idle.clone()]).pick(),
+                1
+            );
+        }
+    }
+
+    #[test]
+    fn saturated_endpoints_are_avoided_unless_all_are() {
+        let p = policy();
+        let mut holder = cached(1, 4, 0, 4000);
+        holder.max_in_flight = Some(4);
+        let cold = cached(2, 0, 0, 0);
+        let r = p.rank(&request(4000), &[holder.clone(), cold.clone()]);
+        assert_eq!(r.order, vec![1, 0]);
+        assert_eq!(r.scores[0], None);
+        let mut cold_full = cold;
+        cold_full.max_in_flight = Some(0);
+        let r = p.rank(&request(4000), &[holder, cold_full]);
+        assert_eq!(r.pick(), 0, "all saturated: the best prediction wins");
+    }
+
+    proptest! {
+        /// Always a full ranking; the pick has the lowest prediction among eligible candidates
+        /// (within the tie tolerance).
+        #[test]
+        fn pick_is_a_best_prediction(cands in proptest::collection::vec((0u64..20, 0u64..50_000, 0u64..8000, 1_000f64..50_000.0), 1..20), prompt in 1u64..8000) {
+            let cands: Vec<CandidateView> = cands.iter().enumerate().map(|(i, &(r, t, m, s))| {
+                let mut c = cached(i as u16 + 1, r, t, m.min(prompt));
+                c.prefill_tokens_per_s = s;
+                c
+            }).collect();
+            let p = policy();
+            let r = p.rank(&request(prompt), &cands);
+            assert_permutation(&r, cands.len());
+            let ttft = r.predicted_ttft_ms.clone().unwrap();
+            let best = ttft.iter().copied().fold(f64::INFINITY, f64::min);
+            prop_assert!(ttft[r.pick()] <= best * (1.0 + 0.02) + 1e-6);
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The user-facing breakdown of a decision: per candidate what it holds, how loaded it is, what
+//! the policy predicted and scored, and the pick. Counts and hashes only, never prompt text.
+
+use serde::{Deserialize, Serialize};
+
+use super::Plan;
+
+/// One candidate's line in an explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateRow {
+    /// `ip:port`.
+    pub endpoint: String,
+    /// Position in the policy's ranking (0 = the pick).
+    pub rank: usize,
+    /// Prompt tokens believed cached there.
+    pub matched_tokens: u64,
+    /// Of those, confirmed by the engine's KV events.
+    pub confirmed_tokens: u64,
+    /// Router in-flight requests there.
+    pub in_flight_requests: u64,
+    /// Uncached prompt tokens of in-flight requests there not yet prefilled.
+    pub in_flight_prefill_tokens: u64,
+    /// Prefill speed assumed, tokens per second.
+    pub prefill_tokens_per_s: f64,
+    /// Predicted time to first token, ms (policies that predict it).
+    pub predicted_ttft_ms: Option<f64>,
+    /// The policy's score (higher is better); `None` if a filter excluded it.
+    pub score: Option<f64>,
+}
+
+/// Why a request goes where it goes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The requested model.
+    pub model: String,
+    /// The LoRA adapter, if the model named one.
+    pub adapter: Option<String>,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u64,
+    /// Whether the length and hashes come from the model's tokenizer (else a byte estimate).
+    pub exact: bool,
+    /// Why the byte estimate was used, if it was.
+    pub fallback: Option<String>,
+    /// Prefix blocks hashed.
+    pub prefix_blocks: usize,
+    /// Tokens per block.
+    pub block_size_tokens: u32,
+    /// The policy.
+    pub policy: String,
+    /// The picked endpoint.
+    pub pick: String,
+    /// Fallbacks handed to the gateway, in order.
+    pub fallbacks: Vec<String>,
+    /// Every candidate, in ranking order.
+    pub candidates: Vec<CandidateRow>,
+}
+
+impl Explanation {
+    /// The explanation of `plan`.
+    pub fn from_plan(plan: &Plan) -> Explanation {
+        let ttft = plan.ranking.predicted_ttft_ms.as_ref();
+        let candidates = plan
+            .ranking
+            .order
+            .iter()
+            .enumerate()
+            .map(|(rank, &i)| {
+                let c = &plan.candidates[i];
+                CandidateRow {
+                    endpoint: c.address.to_string(),
+                    rank,
+                    matched_tokens: c.matched_tokens,
+                    confirmed_tokens: c.confirmed_tokens,
+                    in_flight_requests: c.load.in_flight_requests,
+                    in_flight_prefill_tokens: c.load.in_flight_prefill_tokens,
+                    prefill_tokens_per_s: c.prefill_tokens_per_s,
+                    predicted_ttft_ms: ttft.map(|t| t[i]),
+                    score: plan.ranking.scores[i],
+                }
+            })
+            .collect();
+        Explanation {
+            model: plan.model.clone(),
+            adapter: plan.adapter.clone(),
+            prompt_tokens: plan.prefix.tokens,
+            exact: plan.prefix.exact,
+            fallback: plan.prefix.fallback.map(|f| f.as_str().to_string()),
+            prefix_blocks: plan.prefix.block_hashes.len(),
+            block_size_tokens: plan.prefix.block_size_tokens,
+            policy: plan.policy.to_string(),
+            pick: plan.primary().address_str.to_string(),
+            fallbacks: plan.endpoints[1..]
+                .iter()
+                .map(|e| e.address_str.to_string())
+                .collect(),
+            candidates,
+        }
+    }
+
+    /// A plain-text table for terminals.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "model {}{}: {} prompt tokens ({}), {} prefix blocks of {} tokens",
+            self.model,
+            self.adapter
+                .as_deref()
+                .map(|a| format!(" (adapter {a})"))
+                .unwrap_or_default(),
+            self.prompt_tokens,
+            match (self.exact, self.fallback.as_deref()) {
+                (true, _) => "tokenizer".to_string(),
+                (false, Some(why)) => format!("byte estimate: {why}"),
+                (false, None) => "byte estimate".to_string(),
+            },
+            self.prefix_blocks,
+            self.block_size_tokens,
+        );
+        let _ = writeln!(out, "policy {}", self.policy);
+        let _ = writeln!(
+            out,
+            "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>10} {:>12} {:>10}",
+            "rank",
+            "endpoint",
+            "matched",
+            "confirmed",
+            "in-flight",
+            "prefill-tok",
+            "tok/s",
+            "ttft-ms",
+            "score"
+        );
+        for c in &self.candidates {
+            let _ = writeln!(
+                out,
+                "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>10.0} {:>12} {:>10}",
+                c.rank,
+                c.endpoint,
+                c.matched_tokens,
+                c.confirmed_tokens,
+                c.in_flight_requests,
+                c.in_flight_prefill_tokens,
+                c.prefill_tokens_per_s,
+                c.predicted_ttft_ms
+                    .map(|t| format!("{t:.1}"))
+                    .unwrap_or_else(|| "-".into()),
+                c.score
+                    .map(|s| format!("{s:.4}"))
+                    .unwrap_or_else(|| "filtered".into()),
+            );
+        }
+        let _ = writeln!(out, "pick {}", self.pick);
+        if !self.fallbacks.is_empty() {
+            let _ = writeln!(out, "fallbacks {}", self.fallbacks.join(", "));
+        }
+        out
+    }
+}

@@ -1,0 +1,214 @@
+//! Cache-aware routing end to end: real Envoy, kvrouter and simulated replicas that tokenize with
+//! the same real tokenizer as the router, so the replicas' reported `cached_tokens` confirm the
+//! router's prefix predictions.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+
+fn fixture() -> String {
+    repo()
+        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
+        .canonicalize()
+        .expect("shared fixture")
+        .display()
+        .to_string()
+}
+
+fn system_prompt() -> String {
+    "You are a careful assistant for a logistics company; answer with tracking details. ".repeat(30)
+}
+
+fn body(question: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": max_tokens, "stream": stream,
+        "stream_options": {"include_usage": true},
+        "messages": [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}],
+    })
+    .to_string()
+}
+
+fn cached_tokens(reply: &Reply) -> u64 {
+    let usage = if reply.body.starts_with('{') {
+        serde_json::from_str::<serde_json::Value>(&reply.body).unwrap()["usage"].clone()
+    } else {
+        let events = sse_events(&reply.body);
+        serde_json::from_str::<serde_json::Value>(&events[events.len() - 2]).unwrap()["usage"]
+            .clone()
+    };
+    usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached_tokens")
+}
+
+async fn stack(policy: &str) -> Stack {
+    stack_with(policy, "").await
+}
+
+async fn stack_with(policy: &str, extra: &str) -> Stack {
+    let extra = format!(
+        "policy: {{name: {policy}}}\nmodels: [{{name: {MODEL}, tokenizer: \"{}\"}}]\n{extra}",
+        fixture()
+    );
+    let tokenizer = fixture();
+    let args: Vec<&str> = vec!["--tokenizer", &tokenizer];
+    // The harness wants 'static-ish slices; leak two small strings for the test's lifetime.
+    let args: &'static [&'static str] = Box::leak(
+        args.into_iter()
+            .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
+    );
+    let extra: &'static str = Box::leak(extra.into_boxed_str());
+    Stack::start(StackOptions {
+        replicas: 3,
+        router_extra: extra,
+        replica_args: args,
+        ..StackOptions::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_system_prompt_lands_on_the_replica_that_holds_it() {
+    let stack = stack("predicted-ttft").await;
+    let first = stack
+        .post("/v1/chat/completions", body("Where is parcel 1?", 4, false))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(cached_tokens(&first), 0, "cold");
+    let holder = first.replica.clone().unwrap();
+    for i in 2..8 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                body(&format!("Where is parcel {i}?"), 4, i % 2 == 0),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.replica.as_deref(),
+            Some(holder.as_str()),
+            "request {i} follows its prefix"
+        );
+        // The replica confirms the hit: the whole system prompt, in full blocks.
+        let cached = cached_tokens(&r);
+        assert!(
+            cached >= 300,
+            "request {i}: replica reported {cached} cached tokens"
+        );
+    }
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+/// With a concurrency limit per replica (`max_in_flight`, a capacity hint), a burst of long
+/// requests sharing one prefix fills the holder and spills to the others instead of queueing
+/// behind it. (Live queue signals scraped from the replicas do the same without a hint.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_prefix_under_load_spills_to_other_replicas() {
+    let stack = stack_with("predicted-ttft", "").await;
+    let addrs: Vec<_> = stack.replicas.iter().map(|r| r.addr).collect();
+    let limited = router_config(stack.dir.path(), &addrs, "").replace(
+        "      - address:",
+        "      - max_in_flight: 4\n        address:",
+    );
+    let limited = limited.replace(
+        "pools:",
+        &format!("policy: {{name: predicted-ttft}}\nmodels: [{{name: {MODEL}, tokenizer: \"{}\"}}]\npools:", fixture()),
+    );
+    let before = stack.endpoint_table().await["version"].as_u64().unwrap();
+    std::fs::write(&stack.router.config, limited).unwrap();
+    eventually("reload", Duration::from_secs(10), || async {
+        (stack.endpoint_table().await["version"].as_u64() > Some(before)).then_some(())
+    })
+    .await;
+    // Warm one replica with the prefix.
+    let warm = stack
+        .post("/v1/chat/completions", body("warm up", 1, false))
+        .await;
+    assert_eq!(warm.status, 200);
+    // Then a burst of long generations sharing it, all in flight together.
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let client = stack.client.clone();
+        let addr = stack.envoy.addr;
+        tasks.push(tokio::spawn(async move {
+            post(
+                &client,
+                addr,
+                "/v1/chat/completions",
+                body(&format!("burst {i}"), 200, true),
+            )
+            .await
+        }));
+        // Let each decision see the previous ones in flight.
+        let admin = stack.router.admin;
+        eventually("decision counted", Duration::from_secs(10), || async move {
+            let n: f64 = metric_lines(admin, "kvrouter_decisions_total")
+                .await
+                .iter()
+                .map(|(_, v)| v)
+                .sum();
+            (n >= f64::from(i + 2)).then_some(())
+        })
+        .await;
+    }
+    let mut per_replica: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        *per_replica.entry(r.replica.unwrap()).or_default() += 1;
+    }
+    assert!(
+        per_replica.len() >= 3,
+        "the hot prefix spilled: {per_replica:?}"
+    );
+    assert!(*per_replica.values().max().unwrap() <= 5, "{per_replica:?}");
+    assert_in_flight_drains(stack.router.admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_via_the_admin_api_shows_the_holder_without_the_prompt() {
+    let stack = stack("predicted-ttft").await;
+    let r = stack
+        .post("/v1/chat/completions", body("Where is parcel 9?", 2, false))
+        .await;
+    let holder = r.upstream.clone().unwrap();
+    let req = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(req.path(), body("Where is parcel 10?", 2, false)).unwrap();
+    let out = std::process::Command::new(KVROUTER)
+        .args([
+            "explain",
+            "--admin",
+            &format!("http://{}", stack.router.admin),
+            "--body",
+        ])
+        .arg(req.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("pick {holder}")), "{text}");
+    assert!(
+        text.contains("predicted-ttft") && text.contains("tokenizer"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("logistics") && !text.contains("parcel"),
+        "no prompt text: {text}"
+    );
+    // The holder shows its matched tokens.
+    let line = text
+        .lines()
+        .find(|l| l.contains(&holder) && l.starts_with('0'))
+        .expect("holder row");
+    let matched: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(matched >= 300, "{line}");
+}
