@@ -113,6 +113,16 @@ pub struct Stream {
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
 
+/// Bounds concurrent decisions on the blocking pool (tokenizing, huge bodies) to twice the
+/// cores.
+fn slow_decisions() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new(cores * 2)
+    })
+}
+
 impl Stream {
     /// A new stream routed by `router`, parking in-flight records in `table`.
     pub fn new(router: Arc<Router>, table: Arc<InflightTable>) -> Stream {
@@ -316,6 +326,9 @@ impl Stream {
     ) -> Vec<ProcessingResponse> {
         let router = Arc::clone(&self.router);
         let (pending, result) = if router.decides_slowly(pending.body.len()) {
+            // At most a few tokenizations at once, so a burst queues here (asynchronously)
+            // instead of starting a blocking thread per request and starving the cores.
+            let _permit = slow_decisions().acquire().await;
             let joined = tokio::task::spawn_blocking(move || {
                 let result = decide_guarded(&router, &pending);
                 (pending, result)
