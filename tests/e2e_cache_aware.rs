@@ -145,16 +145,7 @@ async fn a_hot_prefix_under_load_spills_to_other_replicas() {
             .await
         }));
         // Let each decision see the previous ones in flight.
-        let admin = stack.router.admin;
-        eventually("decision counted", Duration::from_secs(10), || async move {
-            let n: f64 = metric_lines(admin, "kvrouter_decisions_total")
-                .await
-                .iter()
-                .map(|(_, v)| v)
-                .sum();
-            (n >= f64::from(i + 2)).then_some(())
-        })
-        .await;
+        wait_for_decisions(stack.router.admin, i + 2).await;
     }
     let mut per_replica: HashMap<String, usize> = HashMap::new();
     for t in tasks {

@@ -165,17 +165,8 @@ async fn round_robin_rotates_and_least_loaded_spreads_concurrent_requests() {
             .await
         }));
         // Each request must be counted before the next is routed; the router counts at
-        // decision time, so wait for the decision, not for a fixed time.
-        let admin = stack.router.admin;
-        eventually("decision counted", Duration::from_secs(10), || async move {
-            let inflight: f64 = metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
-                .await
-                .iter()
-                .map(|(_, v)| v)
-                .sum();
-            (inflight >= f64::from(i + 1)).then_some(())
-        })
-        .await;
+        // decision time, so wait for the count, not for a fixed time.
+        wait_for_in_flight(stack.router.admin, i + 1).await;
     }
     let mut counts: HashMap<String, usize> = HashMap::new();
     for t in tasks {
@@ -370,20 +361,7 @@ async fn hot_reload_adds_a_replica_without_dropping_an_in_flight_stream() {
         )
         .await
     });
-    let admin = stack.router.admin;
-    eventually(
-        "the long request to be in flight",
-        Duration::from_secs(10),
-        || async move {
-            let n: f64 = metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
-                .await
-                .iter()
-                .map(|(_, v)| v)
-                .sum();
-            (n >= 1.0).then_some(())
-        },
-    )
-    .await;
+    wait_for_in_flight(stack.router.admin, 1).await;
     stack.reconfigure(&all, "policy: {name: round-robin}").await;
     stack.envoy.wait_for_hosts(&all).await;
     let third = stack.replicas[2].name.clone();
@@ -450,13 +428,7 @@ async fn without_the_observer_a_request_counts_until_its_response_ends() {
     })
     .await;
     let admin = stack.router.admin;
-    let in_flight = || async move {
-        metric_lines(admin, "kvrouter_endpoint_in_flight_requests")
-            .await
-            .iter()
-            .map(|(_, v)| v)
-            .sum::<f64>()
-    };
+    let in_flight = || metric_sum(admin, "kvrouter_endpoint_in_flight_requests");
     let resp = stack
         .client
         .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))

@@ -2,7 +2,6 @@
 //! bad field (`replicas[1].block_size must be > 0`).
 
 use std::collections::HashSet;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -164,20 +163,9 @@ pub struct FleetConfig {
     pub replicas: Vec<ReplicaConfig>,
 }
 
-/// One invalid value: where it is and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    /// Path of the field, e.g. `replicas[0].block_size`.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
+/// One invalid value: where it is and what is wrong with it (the router config's error type,
+/// e.g. `replicas[0].block_size: must be > 0`).
+pub use crate::config::ConfigError as FieldError;
 
 /// Why a fleet file was not loaded.
 #[derive(Debug, thiserror::Error)]

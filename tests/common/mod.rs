@@ -400,6 +400,41 @@ pub async fn metric_lines(admin: SocketAddr, prefix: &str) -> Vec<(String, f64)>
         .collect()
 }
 
+/// The sum of a metric family's series (e.g. in-flight requests over every endpoint).
+pub async fn metric_sum(admin: SocketAddr, prefix: &str) -> f64 {
+    metric_lines(admin, prefix)
+        .await
+        .iter()
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Waits until the router counts at least `n` requests in flight over all endpoints.
+pub async fn wait_for_in_flight(admin: SocketAddr, n: u64) {
+    eventually(
+        "requests in flight",
+        Duration::from_secs(10),
+        || async move {
+            (metric_sum(admin, "kvrouter_endpoint_in_flight_requests").await >= n as f64)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until kvrouter has made at least `n` routing decisions (so a test's next request sees
+/// the previous ones in flight).
+pub async fn wait_for_decisions(admin: SocketAddr, n: u64) {
+    eventually(
+        "decisions counted",
+        Duration::from_secs(10),
+        || async move {
+            (metric_sum(admin, "kvrouter_decisions_total").await >= n as f64).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Waits until every endpoint's in-flight gauge (requests and prefill tokens) is back to 0.
 pub async fn assert_in_flight_drains(admin: SocketAddr) {
     eventually(
