@@ -406,12 +406,35 @@ impl Stream {
         let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
             .or_else(|| envoy::served_endpoint(None, &msg.attributes));
         if let (Some(addr), Some(t)) = (served, &mut r.tracked) {
-            // A retry moved the request to a fallback: move its load there too.
             if addr != t.endpoint.address {
+                // Envoy retried: the pick, and every fallback it tried before the one that
+                // served (override_host walks the list in order), failed to connect, reset or
+                // answered 503. Passive health signals for each of them.
+                let tried = t
+                    .destinations
+                    .iter()
+                    .position(|e| e.address == addr)
+                    .unwrap_or(1);
+                for failed in &t.destinations[..tried] {
+                    self.router.record_outcome(failed, false);
+                }
+                t.trial = None;
+                t.ttft = None;
+                // Move the load to the endpoint that serves it.
                 if let Some(actual) = self.router.endpoints().get(&addr).cloned() {
                     t.guard = actual.load.begin(t.prompt_tokens);
                     t.endpoint = actual;
                 }
+            }
+        }
+        if let (Some(t), Some(code)) = (&mut r.tracked, status) {
+            // A 5xx is a strong signal against the replica; anything else says it works. (Envoy's
+            // own 503 after exhausted retries lands on the last endpoint it tried.)
+            let ok = !crate::health::is_failure_status(code);
+            self.router.record_outcome(&t.endpoint, ok);
+            t.trial = None;
+            if !ok {
+                t.ttft = None;
             }
         }
         let endpoint = r
@@ -437,9 +460,20 @@ impl Stream {
         };
         match &mut self.phase {
             Phase::Responding(r) => {
-                if r.observer.on_body(&b.body, Instant::now()) {
+                let now = Instant::now();
+                if r.observer.on_body(&b.body, now) {
                     if let Some(t) = &mut r.tracked {
                         t.guard.prefill_done();
+                        if let Some(ctx) = t.ttft.take() {
+                            let ttft_ms = now.duration_since(t.decided_at).as_secs_f64() * 1e3;
+                            let config = self.router.config();
+                            t.endpoint.load.learned.observe(
+                                &ctx,
+                                ttft_ms,
+                                &config.load.learning,
+                                tokio::time::Instant::now(),
+                            );
+                        }
                     }
                 }
                 if b.end_of_stream {
@@ -507,6 +541,9 @@ fn tracked(d: Decision) -> Tracked {
         endpoint: Arc::clone(d.primary()),
         prompt_tokens: d.plan.uncached_tokens(),
         decided_at: Instant::now(),
+        destinations: d.plan.endpoints.clone(),
+        ttft: Some(d.ttft),
+        trial: d.trial,
         guard: d.guard,
     }
 }
