@@ -87,16 +87,20 @@ pub enum ExpositionError {
     Missing(&'static str),
 }
 
-/// Whether `line` belongs to one of `names`' families: its sample lines, or its `# HELP` /
-/// `# TYPE` lines.
+/// Whether `line` belongs to one of `names`' families: its sample lines or its `# TYPE` line
+/// (`# HELP` and other comments are not needed to parse the values).
 fn wanted(line: &str, names: &MetricNames) -> bool {
-    let rest = line
-        .strip_prefix("# HELP ")
-        .or_else(|| line.strip_prefix("# TYPE "))
-        .unwrap_or(line);
+    let rest = if line.starts_with('#') {
+        match line.strip_prefix("# TYPE ") {
+            Some(rest) => rest,
+            None => return false,
+        }
+    } else {
+        line
+    };
     names.all().any(|name| {
         rest.strip_prefix(name)
-            .is_some_and(|after| after.starts_with(['{', ' ', '\t']))
+            .is_some_and(|after| matches!(after.as_bytes().first(), Some(b'{' | b' ' | b'\t')))
     })
 }
 
