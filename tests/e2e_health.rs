@@ -43,6 +43,24 @@ async fn admin(
     assert!(resp.status().is_success(), "{path}: {}", resp.status());
 }
 
+/// `text` without terminal colour codes.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Sum of a kvrouter counter's series whose labels contain `needle`.
 async fn counter(admin: SocketAddr, name: &str, needle: &str) -> f64 {
     metric_lines(admin, name)
@@ -84,6 +102,15 @@ async fn a_failing_replica_is_ejected_without_client_errors_and_rejoins_after_re
         assert_eq!(r.status, 200, "request {i}: {}", r.body);
         assert_ne!(r.replica.as_deref(), Some(sick_name.as_str()));
     }
+    // Envoy reports how many attempts each request took, so the router knows r0 was tried.
+    let log = strip_ansi(&std::fs::read_to_string(stack.dir.path().join("kvrouter.log")).unwrap());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("served by another endpoint than the pick")
+                && l.contains("attempts=2")
+                && l.contains("failed=1")),
+        "no attempt count from Envoy in the router's log"
+    );
     let ejections = counter(
         stack.router.admin,
         "kvrouter_ejections_total",

@@ -121,7 +121,7 @@ const OBSERVER_FILTER: &str = "\
 \x20               response_header_mode: SEND
 \x20               response_body_mode: STREAMED
 \x20               response_trailer_mode: SKIP
-\x20             response_attributes: [\"upstream.address\", \"request.id\"]
+\x20             response_attributes: [\"upstream.address\", \"upstream.request_attempt_count\", \"request.id\"]
 \x20             metadata_options:
 \x20               forwarding_namespaces: {untyped: [\"kvrouter\", \"envoy.lb\"]}
 ";

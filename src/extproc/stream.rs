@@ -405,17 +405,31 @@ impl Stream {
             .on_headers(status, envoy::header_str(headers, "content-type"));
         let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
             .or_else(|| envoy::served_endpoint(None, &msg.attributes));
+        let attempts =
+            envoy::attempt_count(&h.attributes).or_else(|| envoy::attempt_count(&msg.attributes));
         if let (Some(addr), Some(t)) = (served, &mut r.tracked) {
             if addr != t.endpoint.address {
-                // Envoy retried: the pick, and every fallback it tried before the one that
-                // served (override_host walks the list in order), failed to connect, reset or
-                // answered 503. Passive health signals for each of them.
-                let tried = t
+                // Another endpoint served it. override_host walks the list in order, skipping
+                // addresses not (yet) in Envoy's cluster, and retries the next one after a
+                // connect failure, reset or 503: the endpoints before the served one failed,
+                // as many of them as Envoy made extra attempts (all of them if it did not say).
+                // Passive health signals for each.
+                let before = t
                     .destinations
                     .iter()
                     .position(|e| e.address == addr)
                     .unwrap_or(1);
-                for failed in &t.destinations[..tried] {
+                let failed =
+                    attempts.map_or(before, |a| (a.saturating_sub(1) as usize).min(before));
+                tracing::debug!(
+                    request_id = %self.request_id,
+                    pick = %t.endpoint.address_str,
+                    served = %addr,
+                    attempts,
+                    failed,
+                    "served by another endpoint than the pick"
+                );
+                for failed in &t.destinations[..failed] {
                     self.router.record_outcome(failed, false);
                 }
                 t.trial = None;

@@ -659,6 +659,71 @@ async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
 }
 
 #[tokio::test]
+async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
+    let f = Fixture::new();
+    f.table.claim(0);
+    let cfg = f.router.config().health.clone();
+    let failures_to_open = cfg.breaker.failure_threshold;
+    // The pick is not in Envoy's cluster yet (EDS lag): override_host skips it and the fallback
+    // serves on the first attempt. However often that happens, the pick stays closed.
+    let mut skipped = None;
+    for _ in 0..(failures_to_open * 4) {
+        let (dest, pick) = route_one(&f).await;
+        let mut msg = response_headers("200", Some(forwarded(pick, Some(&dest[1]))), true);
+        let Some(Request::ResponseHeaders(h)) = &mut msg.request else {
+            unreachable!()
+        };
+        h.attributes.insert(
+            "envoy.filters.http.ext_proc".into(),
+            Struct {
+                fields: HashMap::from([(
+                    "upstream.request_attempt_count".to_string(),
+                    Value {
+                        kind: Some(Kind::NumberValue(1.0)),
+                    },
+                )]),
+            },
+        );
+        f.stream().on_message(msg).await;
+        skipped = Some(dest[0].clone());
+    }
+    let skipped = skipped.unwrap();
+    assert_eq!(
+        breaker_state(&f, &skipped),
+        crate::health::BreakerState::Closed
+    );
+    // Two attempts: the pick was tried and failed.
+    for _ in 0..50 {
+        let (dest, pick) = route_one(&f).await;
+        let (served, attempts) = if dest[0] == skipped {
+            (&dest[1], 2.0)
+        } else {
+            (&dest[0], 1.0)
+        };
+        let mut msg = response_headers("200", Some(forwarded(pick, Some(served))), true);
+        let Some(Request::ResponseHeaders(h)) = &mut msg.request else {
+            unreachable!()
+        };
+        h.attributes.insert(
+            "envoy.filters.http.ext_proc".into(),
+            Struct {
+                fields: HashMap::from([(
+                    "upstream.request_attempt_count".to_string(),
+                    Value {
+                        kind: Some(Kind::NumberValue(attempts)),
+                    },
+                )]),
+            },
+        );
+        f.stream().on_message(msg).await;
+        if breaker_state(&f, &skipped) == crate::health::BreakerState::Open {
+            return;
+        }
+    }
+    panic!("a pick that Envoy tried and retried elsewhere never opened its breaker");
+}
+
+#[tokio::test]
 async fn the_first_byte_teaches_the_picks_residual_but_not_after_a_retry() {
     let f = Fixture::new();
     f.table.claim(0);
