@@ -66,6 +66,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    if router.config().envoy.eds_path.is_some() {
+        // Subscribed before the first write, so a set published in between (a discovery source
+        // finishing its first lookup) is written too. Written before we report ready, so an
+        // Envoy started after us finds the file.
+        let mut versions = router.subscribe_endpoints();
+        write_eds(&router);
+        let router = Arc::clone(&router);
+        tokio::spawn(async move {
+            while versions.changed().await.is_ok() {
+                write_eds(&router);
+            }
+        });
+    }
     // Endpoint sources other than the config file's lists (DNS pools), restarted on reload.
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver);
     let discovery = Arc::new(Runner::new(Arc::clone(&router) as Arc<dyn EndpointSink>));
@@ -116,17 +129,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
 
-    if router.config().envoy.eds_path.is_some() {
-        // Written before we report ready, so an Envoy started after us finds the file.
-        write_eds(&router);
-        let router = Arc::clone(&router);
-        let mut versions = router.subscribe_endpoints();
-        tokio::spawn(async move {
-            while versions.changed().await.is_ok() {
-                write_eds(&router);
-            }
-        });
-    }
     let table = Arc::new(InflightTable::default());
     let sweeper = {
         let table = Arc::clone(&table);
