@@ -9,8 +9,12 @@
 //!   cache); raw text never leaves it.
 //! - [`index`]: which endpoints hold which prefix blocks (predictions and engine events), with
 //!   per-endpoint capacity and LRU eviction.
-//! - [`discovery`]: the endpoint set, published as immutable snapshots.
-//! - [`load`]: per-endpoint in-flight accounting with RAII guards.
+//! - [`discovery`]: the endpoint set, published as immutable snapshots; static, DNS and pluggable
+//!   sources.
+//! - [`load`]: per-endpoint load: in-flight accounting with RAII guards, scraped engine metrics,
+//!   learned prefill speed and TTFT residual.
+//! - [`health`]: active probes, scrape-failure and circuit-breaker ejection, and the background
+//!   monitor that scrapes and probes every endpoint.
 //! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views.
 //! - [`router`]: the decision pipeline, shared by the gRPC server, the admin API and the CLI.
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building.
@@ -29,6 +33,7 @@ pub mod config;
 pub mod discovery;
 pub mod envoyconf;
 pub mod extproc;
+pub mod health;
 pub mod index;
 pub mod load;
 pub mod policy;

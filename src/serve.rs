@@ -1,5 +1,5 @@
-//! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload and
-//! shutdown together.
+//! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload, endpoint
+//! discovery, the scrape and probe monitor, and shutdown together.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +12,8 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::cli::ServeArgs;
 use crate::config::{self, Config};
+use crate::discovery::dns::{DnsDiscovery, Resolve, SystemResolver};
+use crate::discovery::{EndpointSink, Runner};
 use crate::extproc::inflight::InflightTable;
 use crate::router::Router;
 use crate::telemetry::{self, Metrics};
@@ -64,9 +66,34 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    if router.config().envoy.eds_path.is_some() {
+        // Subscribed before the first write, so a set published in between (a discovery source
+        // finishing its first lookup) is written too. Written before we report ready, so an
+        // Envoy started after us finds the file.
+        let mut versions = router.subscribe_endpoints();
+        write_eds(&router);
+        let router = Arc::clone(&router);
+        tokio::spawn(async move {
+            while versions.changed().await.is_ok() {
+                write_eds(&router);
+            }
+        });
+    }
+    // Endpoint sources other than the config file's lists (DNS pools), restarted on reload.
+    let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver);
+    let discovery = Arc::new(Runner::new(Arc::clone(&router) as Arc<dyn EndpointSink>));
+    discovery.reconcile(DnsDiscovery::from_config(
+        &router.config(),
+        Arc::clone(&resolver),
+    ));
+    // Scrapes and probes every endpoint, following the endpoint set.
+    let monitor = crate::health::monitor::spawn(Arc::clone(&router));
+
     let reload = (server_section.reload_interval_ms > 0).then(|| {
         let router = Arc::clone(&router);
         let metrics = Arc::clone(&metrics);
+        let discovery = Arc::clone(&discovery);
+        let resolver = Arc::clone(&resolver);
         let mut server_section = server_section.clone();
         server_section.grpc_listen = grpc_addr;
         config::watch::spawn_poller(
@@ -83,6 +110,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         Ok(change) => {
                             metrics.record_reload(true);
                             tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
+                            discovery.reconcile(DnsDiscovery::from_config(
+                                &router.config(),
+                                Arc::clone(&resolver),
+                            ));
                         }
                         Err(e) => {
                             metrics.record_reload(false);
@@ -98,17 +129,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
 
-    if router.config().envoy.eds_path.is_some() {
-        // Written before we report ready, so an Envoy started after us finds the file.
-        write_eds(&router);
-        let router = Arc::clone(&router);
-        let mut versions = router.subscribe_endpoints();
-        tokio::spawn(async move {
-            while versions.changed().await.is_ok() {
-                write_eds(&router);
-            }
-        });
-    }
     let table = Arc::new(InflightTable::default());
     let sweeper = {
         let table = Arc::clone(&table);
@@ -151,6 +171,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         task.abort();
     }
     sweeper.abort();
+    monitor.abort();
+    drop(discovery);
     let _ = stop_tx.send(true);
     let drain = async {
         let _ = grpc_task.await;

@@ -64,19 +64,29 @@ async fn metrics(State(admin): State<Admin>) -> Response {
 async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
     let set = admin.router.endpoints();
     let config = admin.router.config();
+    let now = tokio::time::Instant::now();
+    let staleness = std::time::Duration::from_millis(config.load.scrape.staleness_ms);
     let endpoints: Vec<_> = set
         .all()
         .iter()
         .map(|ep| {
+            let engine = ep.load.engine.last();
             json!({
                 "address": ep.address_str.as_ref(),
                 "pool": ep.pool.as_ref(),
+                "source": ep.source.as_ref(),
+                "engine_kind": ep.engine.as_str(),
                 "models": ep.models,
                 "adapters": ep.adapters,
                 "weight": ep.weight,
                 "max_in_flight": ep.max_in_flight,
                 "draining": ep.draining,
                 "load": ep.load.snapshot(),
+                "engine": engine.as_deref(),
+                "engine_signal": ep.load.engine.signal(now, staleness).as_str(),
+                "engine_age_ms": engine.map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+                "learned": ep.load.learned.snapshot(&config.load.learning, now),
+                "health": ep.health.snapshot(now, &config.health),
             })
         })
         .collect();

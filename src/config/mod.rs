@@ -7,6 +7,9 @@
 //!
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
+mod discovery;
+mod health;
+mod load;
 mod policy;
 mod validate;
 pub mod watch;
@@ -16,6 +19,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use discovery::{DnsConfig, EngineKind};
+pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
+pub use load::{LearningConfig, LoadConfig, ScrapeConfig};
 pub use policy::{
     CacheLoadScoreConfig, LeastLoadedConfig, PolicyConfig, PolicyName, PredictedTtftConfig,
     SaturationConfig, ScorerName, SglangConfig, TieBreakName, WeightedScorer,
@@ -46,6 +52,10 @@ pub struct Config {
     pub cache_index: CacheIndexConfig,
     /// Debugging aids.
     pub debug: DebugConfig,
+    /// Live load signals: engine metrics scraping and learned speeds.
+    pub load: LoadConfig,
+    /// Active probes, ejection and the circuit breaker.
+    pub health: HealthConfig,
 }
 
 /// Debugging aids (off by default).
@@ -250,6 +260,13 @@ pub struct PoolConfig {
     pub cache_capacity_tokens: Option<u64>,
     /// The replicas.
     pub endpoints: Vec<EndpointConfig>,
+    /// The serving engine (`vllm`, `sglang` or `other`): which metric names are scraped.
+    /// Default `vllm`.
+    pub engine: EngineKind,
+    /// Discover the pool's endpoints from DNS instead of listing them: every address the name
+    /// resolves to, re-resolved periodically. A pool has `endpoints` or `dns`, not both; DNS
+    /// endpoints take the pool's models, adapters and settings. Default: none.
+    pub dns: Option<DnsConfig>,
 }
 
 /// One model replica.
@@ -396,6 +413,7 @@ impl Config {
                     drain: ep.drain,
                     prefill_tokens_per_s: ep.prefill_tokens_per_s.or(pool.prefill_tokens_per_s),
                     cache_capacity_tokens: ep.cache_capacity_tokens.or(pool.cache_capacity_tokens),
+                    engine: pool.engine,
                 });
             }
         }
@@ -417,6 +435,23 @@ impl ResolvedEndpoint {
             drain: false,
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
+            engine: EngineKind::default(),
+        }
+    }
+
+    /// An endpoint of `pool` at `address` (a discovered address), with the pool's settings.
+    pub fn of_pool(address: SocketAddr, pool: &PoolConfig) -> ResolvedEndpoint {
+        ResolvedEndpoint {
+            address,
+            pool: pool.name.clone(),
+            models: pool.models.clone(),
+            adapters: pool.adapters.clone(),
+            weight: 1.0,
+            max_in_flight: None,
+            drain: false,
+            prefill_tokens_per_s: pool.prefill_tokens_per_s,
+            cache_capacity_tokens: pool.cache_capacity_tokens,
+            engine: pool.engine,
         }
     }
 }
@@ -442,4 +477,6 @@ pub struct ResolvedEndpoint {
     pub prefill_tokens_per_s: Option<f64>,
     /// Configured KV-cache capacity, tokens.
     pub cache_capacity_tokens: Option<u64>,
+    /// The serving engine (which metric names are scraped).
+    pub engine: EngineKind,
 }

@@ -175,6 +175,10 @@ pub struct PredictedTtftConfig {
     /// Extra time per request already running on the endpoint (decode steps share the GPU with
     /// prefill), in ms. Default 0.5.
     pub running_request_ms: f64,
+    /// Extra time per request waiting in the endpoint's engine queue (scraped
+    /// `num_requests_waiting`, only when fresh): requests waiting for a batch slot or KV blocks,
+    /// which the router's own token count does not show, in ms. Default 100.
+    pub waiting_request_ms: f64,
     /// Predictions within this fraction of the best count as a tie, broken towards the lighter
     /// endpoint. Default 0.02.
     pub tie_tolerance: f64,
@@ -186,6 +190,7 @@ impl Default for PredictedTtftConfig {
             default_prefill_tokens_per_s: 10_000.0,
             base_ms: 0.0,
             running_request_ms: 0.5,
+            waiting_request_ms: 100.0,
             tie_tolerance: 0.02,
         }
     }

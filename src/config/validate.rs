@@ -21,11 +21,12 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// The problems found so far (shared with the section files' own checks).
 #[derive(Default)]
-struct Errors(Vec<ConfigError>);
+pub(super) struct Errors(Vec<ConfigError>);
 
 impl Errors {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(ConfigError {
             path: path.into(),
             message: message.into(),
@@ -102,6 +103,8 @@ impl Config {
             errors.push("cache_index.prediction_ttl_ms", "must be > 0");
         }
         self.validate_pools(&mut errors);
+        self.load.validate(&mut errors);
+        self.health.validate(&mut errors);
         errors.0
     }
 
@@ -214,6 +217,30 @@ impl Config {
             for (m, model) in pool.models.iter().enumerate() {
                 if model.trim().is_empty() {
                     errors.push(format!("{at}.models[{m}]"), "must not be empty");
+                }
+            }
+            if let Some(dns) = &pool.dns {
+                total += 1;
+                if !pool.endpoints.is_empty() {
+                    errors.push(
+                        format!("{at}.dns"),
+                        "a pool lists endpoints or discovers them from dns, not both",
+                    );
+                }
+                if dns.name.trim().is_empty() {
+                    errors.push(format!("{at}.dns.name"), "is required");
+                }
+                if dns.port == 0 {
+                    errors.push(format!("{at}.dns.port"), "is required (not 0)");
+                }
+                if dns.refresh_ms < 100 {
+                    errors.push(format!("{at}.dns.refresh_ms"), "must be >= 100");
+                }
+                if pool.models.is_empty() {
+                    errors.push(
+                        format!("{at}.models"),
+                        "a dns pool must list the models its endpoints serve",
+                    );
                 }
             }
             for (e, ep) in pool.endpoints.iter().enumerate() {
@@ -409,6 +436,54 @@ pools:
                 "cache_index: {prediction_ttl_ms: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "cache_index.prediction_ttl_ms: must be > 0",
             ),
+            (
+                "pools: [{name: a, models: [m], dns: {name: svc, port: 0, refresh_ms: 10}}]",
+                "pools[0].dns.port: is required",
+            ),
+            (
+                "pools: [{name: a, models: [m], dns: {name: svc, port: 80, refresh_ms: 10}}]",
+                "pools[0].dns.refresh_ms: must be >= 100",
+            ),
+            (
+                "pools: [{name: a, models: [m], dns: {name: '', port: 80}}]",
+                "pools[0].dns.name: is required",
+            ),
+            (
+                "pools: [{name: a, dns: {name: svc, port: 80}}]",
+                "pools[0].models: a dns pool must list the models",
+            ),
+            (
+                "pools: [{name: a, models: [m], dns: {name: svc, port: 80}, endpoints: [{address: '127.0.0.1:1'}]}]",
+                "pools[0].dns: a pool lists endpoints or discovers them from dns, not both",
+            ),
+            (
+                "load: {scrape: {interval_ms: 5}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.scrape.interval_ms: must be >= 10",
+            ),
+            (
+                "load: {scrape: {jitter: 0.9}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.scrape.jitter: must be in 0..=0.5",
+            ),
+            (
+                "load: {scrape: {path: metrics}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.scrape.path: \"metrics\" must start with /",
+            ),
+            (
+                "load: {learning: {alpha: 0}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.learning.alpha: must be in (0, 1]",
+            ),
+            (
+                "load: {learning: {min_prefill_tokens_per_s: 500, max_prefill_tokens_per_s: 100}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.learning.max_prefill_tokens_per_s: must be finite and >= min",
+            ),
+            (
+                "health: {probe: {failure_threshold: 0}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "health.probe.failure_threshold: must be > 0",
+            ),
+            (
+                "health: {breaker: {open_ms: 1000, max_open_ms: 10}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "health.breaker.max_open_ms: must be >= open_ms",
+            ),
         ];
         for (yaml, expected) in cases {
             let errors = errors_of(yaml);
@@ -417,6 +492,26 @@ pools:
                 "for {yaml}\nexpected an error starting with {expected:?}\ngot {errors:#?}"
             );
         }
+    }
+
+    #[test]
+    fn dns_pool_counts_as_endpoints_and_signal_sections_have_defaults() {
+        let config = Config::from_yaml(
+            "pools: [{name: a, models: [m], engine: sglang, dns: {name: vllm.svc, port: 8000}}]",
+        )
+        .unwrap();
+        assert_eq!(config.validate(), vec![]);
+        let dns = config.pools[0].dns.as_ref().unwrap();
+        assert_eq!(dns.refresh_ms, 5000, "default");
+        assert_eq!(config.pools[0].engine, crate::config::EngineKind::Sglang);
+        assert!(
+            config.resolved_endpoints().is_empty(),
+            "dns endpoints come later"
+        );
+        assert_eq!(config.load.scrape.interval_ms, 50);
+        assert_eq!(config.load.scrape.staleness_ms, 2000);
+        assert_eq!(config.health.breaker.failure_threshold, 3);
+        assert_eq!(config.health.probe.path, "/health");
     }
 
     #[test]

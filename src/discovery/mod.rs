@@ -3,18 +3,32 @@
 //!
 //! Readers load the current [`EndpointSet`] with one atomic pointer read and never wait. A new set
 //! is built off to the side and swapped in; endpoints present in both keep their live state
-//! ([`EndpointLoad`]), so a reload never resets load counters and in-flight requests to a removed
-//! endpoint still release their share when they finish.
+//! ([`EndpointLoad`], [`EndpointHealth`]), so a reload never resets load counters and in-flight
+//! requests to a removed endpoint still release their share when they finish.
+//!
+//! Endpoints come from **sources**, each publishing its own list into a slot of the [`Registry`]:
+//! the static config (`static`), one DNS source per DNS pool ([`dns`]), and any other
+//! implementation of [`Discovery`] (Kubernetes). The published set is the union of the slots.
+//! [`Runner`] keeps one task per configured source.
 
-use std::collections::{HashMap, HashSet};
+pub mod dns;
+mod source;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::ResolvedEndpoint;
+pub use source::{Discovery, EndpointSink, Runner};
+
+use crate::config::{EngineKind, ResolvedEndpoint};
+use crate::health::EndpointHealth;
 use crate::index::{EndpointId, EndpointInterner};
 use crate::load::EndpointLoad;
+
+/// The source key of the config file's endpoint lists.
+pub const STATIC_SOURCE: &str = "static";
 
 /// One replica, as known to the router.
 #[derive(Debug)]
@@ -41,8 +55,14 @@ pub struct Endpoint {
     pub prefill_tokens_per_s: Option<f64>,
     /// Configured KV-cache capacity, tokens.
     pub cache_capacity_tokens: Option<u64>,
-    /// Live load counters, carried across snapshots.
+    /// The serving engine (which metric names are scraped).
+    pub engine: EngineKind,
+    /// The source that published it (`static`, `dns:<pool>`, ...).
+    pub source: Arc<str>,
+    /// Live load state, carried across snapshots.
     pub load: Arc<EndpointLoad>,
+    /// Live health state, carried across snapshots.
+    pub health: Arc<EndpointHealth>,
 }
 
 /// An immutable snapshot of all endpoints, indexed by what requests ask for.
@@ -101,7 +121,7 @@ impl EndpointSet {
     }
 
     fn build(
-        specs: &[ResolvedEndpoint],
+        slots: &BTreeMap<String, Vec<ResolvedEndpoint>>,
         previous: &EndpointSet,
         version: u64,
         interner: &EndpointInterner,
@@ -110,11 +130,36 @@ impl EndpointSet {
             version,
             ..EndpointSet::default()
         };
-        for spec in specs {
-            let load = previous
-                .get(&spec.address)
-                .map(|ep| Arc::clone(&ep.load))
-                .unwrap_or_default();
+        // The static config first, then the other sources in key order; an address published by
+        // two sources is taken from the first.
+        let ordered = slots
+            .get_key_value(STATIC_SOURCE)
+            .into_iter()
+            .chain(slots.iter().filter(|(k, _)| k.as_str() != STATIC_SOURCE));
+        for (source, specs) in ordered {
+            let source: Arc<str> = source.as_str().into();
+            for spec in specs {
+                if set.by_address.contains_key(&spec.address) {
+                    continue;
+                }
+                set.push(spec, &source, previous, interner);
+            }
+        }
+        set
+    }
+
+    fn push(
+        &mut self,
+        spec: &ResolvedEndpoint,
+        source: &Arc<str>,
+        previous: &EndpointSet,
+        interner: &EndpointInterner,
+    ) {
+        let set = self;
+        {
+            let old = previous.get(&spec.address);
+            let load = old.map(|ep| Arc::clone(&ep.load)).unwrap_or_default();
+            let health = old.map(|ep| Arc::clone(&ep.health)).unwrap_or_default();
             let i = set.endpoints.len();
             set.endpoints.push(Arc::new(Endpoint {
                 address: spec.address,
@@ -128,7 +173,10 @@ impl EndpointSet {
                 draining: spec.drain,
                 prefill_tokens_per_s: spec.prefill_tokens_per_s,
                 cache_capacity_tokens: spec.cache_capacity_tokens,
+                engine: spec.engine,
+                source: Arc::clone(source),
                 load,
+                health,
             }));
             set.by_address.insert(spec.address, i);
             for m in &spec.models {
@@ -138,7 +186,6 @@ impl EndpointSet {
                 set.by_adapter.entry(a.clone()).or_default().push(i);
             }
         }
-        set
     }
 }
 
@@ -155,7 +202,8 @@ pub struct SetChange {
 #[derive(Debug)]
 pub struct Registry {
     current: ArcSwap<EndpointSet>,
-    publish_lock: parking_lot::Mutex<()>,
+    /// Each source's latest list; the lock also serializes publishers.
+    slots: parking_lot::Mutex<BTreeMap<String, Vec<ResolvedEndpoint>>>,
     versions: tokio::sync::watch::Sender<u64>,
     interner: EndpointInterner,
 }
@@ -164,7 +212,7 @@ impl Default for Registry {
     fn default() -> Self {
         Registry {
             current: ArcSwap::default(),
-            publish_lock: parking_lot::Mutex::new(()),
+            slots: parking_lot::Mutex::new(BTreeMap::new()),
             versions: tokio::sync::watch::Sender::new(0),
             interner: EndpointInterner::new(),
         }
@@ -194,13 +242,38 @@ impl Registry {
         self.versions.subscribe()
     }
 
-    /// Replaces the endpoint set, keeping the live state of endpoints that remain.
+    /// Replaces the static config's endpoints (see [`Self::publish_source`]).
     pub fn publish(&self, specs: &[ResolvedEndpoint]) -> SetChange {
-        // Publishers are serialized so two reloads cannot interleave and lose state; readers are
+        self.publish_source(STATIC_SOURCE, specs.to_vec())
+    }
+
+    /// Replaces `source`'s endpoints and publishes the new union, keeping the live state of
+    /// endpoints that remain.
+    pub fn publish_source(&self, source: &str, specs: Vec<ResolvedEndpoint>) -> SetChange {
+        self.update(|slots| {
+            slots.insert(source.to_string(), specs);
+        })
+    }
+
+    /// Drops `source` and its endpoints (unless another source also publishes them).
+    pub fn remove_source(&self, source: &str) -> SetChange {
+        self.update(|slots| {
+            slots.remove(source);
+        })
+    }
+
+    /// The keys of the sources that have published.
+    pub fn sources(&self) -> Vec<String> {
+        self.slots.lock().keys().cloned().collect()
+    }
+
+    fn update(&self, edit: impl FnOnce(&mut BTreeMap<String, Vec<ResolvedEndpoint>>)) -> SetChange {
+        // Publishers are serialized so two updates cannot interleave and lose state; readers are
         // never blocked by this lock.
-        let _guard = self.publish_lock.lock();
+        let mut slots = self.slots.lock();
+        edit(&mut slots);
         let previous = self.current.load_full();
-        let next = EndpointSet::build(specs, &previous, previous.version + 1, &self.interner);
+        let next = EndpointSet::build(&slots, &previous, previous.version + 1, &self.interner);
         let before: HashSet<SocketAddr> = previous.by_address.keys().copied().collect();
         let after: HashSet<SocketAddr> = next.by_address.keys().copied().collect();
         let mut change = SetChange {
@@ -263,5 +336,41 @@ mod tests {
         assert_eq!(ep2.load.snapshot().in_flight_requests, 0);
         // The old snapshot is still usable by a reader that holds it.
         assert_eq!(old.all().len(), 2);
+    }
+
+    #[test]
+    fn sources_publish_into_their_own_slots() {
+        let reg = Registry::new(&[spec(1, &["a"], &[])]);
+        let a = |p| SocketAddr::from(([127, 0, 0, 1], p));
+        let change = reg.publish_source("dns:x", vec![spec(2, &["a"], &[]), spec(1, &["b"], &[])]);
+        assert_eq!(change.added, vec![a(2)]);
+        let set = reg.snapshot();
+        assert_eq!(set.all().len(), 2, "duplicate address taken once");
+        assert_eq!(set.get(&a(1)).unwrap().models, vec!["a"], "static wins");
+        assert_eq!(&*set.get(&a(2)).unwrap().source, "dns:x");
+        let guard = set.get(&a(2)).unwrap().load.begin(1);
+        // Republishing the static list leaves the DNS slot alone.
+        let change = reg.publish(&[spec(3, &["a"], &[])]);
+        assert_eq!((change.added, change.removed), (vec![a(3)], vec![]));
+        let set = reg.snapshot();
+        assert_eq!(
+            set.get(&a(1)).unwrap().models,
+            vec!["b"],
+            "now from the dns source"
+        );
+        assert_eq!(
+            reg.sources(),
+            vec!["dns:x".to_string(), STATIC_SOURCE.to_string()]
+        );
+        let ep2 = reg.snapshot().get(&a(2)).cloned().unwrap();
+        assert_eq!(ep2.load.snapshot().in_flight_requests, 1, "live state kept");
+        let change = reg.remove_source("dns:x");
+        assert_eq!(change.removed, vec![a(1), a(2)]);
+        drop(guard);
+        assert_eq!(
+            ep2.load.snapshot().in_flight_requests,
+            0,
+            "in-flight request finished"
+        );
     }
 }

@@ -121,13 +121,25 @@ const OBSERVER_FILTER: &str = "\
 \x20               response_header_mode: SEND
 \x20               response_body_mode: STREAMED
 \x20               response_trailer_mode: SKIP
-\x20             response_attributes: [\"upstream.address\", \"request.id\"]
+\x20             response_attributes: [\"upstream.address\", \"upstream.request_attempt_count\", \"request.id\"]
 \x20             metadata_options:
 \x20               forwarding_namespaces: {untyped: [\"kvrouter\", \"envoy.lb\"]}
 ";
 
 /// The name of the replica cluster (also the EDS cluster name kvrouter writes).
 pub const REPLICA_CLUSTER: &str = "llm_replicas";
+
+/// Circuit-breaker limits of the replica clusters. Envoy's defaults (1024 connections, pending
+/// and active requests, and only 3 retries in flight per cluster) are made for short RPCs: a
+/// fleet of LLM replicas holds thousands of long streams over HTTP/1.1 connections, and when a
+/// replica dies under load every request it held is retried at once. With the default, all but
+/// three of those retries overflow and reach the client as 503s (measured: 619 overflows and 477
+/// failed requests in the kill test while the dead replica was still being picked). The
+/// replicas' own queues do the admission control; each request still retries at most
+/// `num_retries` times.
+const REPLICA_CIRCUIT_BREAKERS: &str = "\x20   circuit_breakers:\n\
+     \x20     thresholds:\n\
+     \x20     - {max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000, max_retries: 1000000}\n";
 
 fn socket(addr: &SocketAddr) -> String {
     format!(
@@ -295,7 +307,7 @@ pub fn render(o: &EnvoyOptions) -> String {
     let _ = write!(
         y,
         "\x20 - name: {REPLICA_CLUSTER}\n\
-         \x20   connect_timeout: 1s\n"
+         \x20   connect_timeout: 1s\n{REPLICA_CIRCUIT_BREAKERS}"
     );
     match &o.replicas {
         Replicas::Static(_) => y.push_str("    type: STATIC\n"),
@@ -367,7 +379,7 @@ pub fn render(o: &EnvoyOptions) -> String {
              \x20 - name: llm_picked\n\
              \x20   type: ORIGINAL_DST\n\
              \x20   lb_policy: CLUSTER_PROVIDED\n\
-             \x20   connect_timeout: 1s\n\
+             \x20   connect_timeout: 1s\n{REPLICA_CIRCUIT_BREAKERS}\
              \x20   cleanup_interval: 60s\n\
              \x20   original_dst_lb_config:\n\
              \x20     use_http_header: true\n\

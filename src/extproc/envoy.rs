@@ -229,6 +229,25 @@ pub fn attribute_str<'a>(attributes: &'a HashMap<String, Struct>, key: &str) -> 
         })
 }
 
+/// A numeric attribute Envoy attached (a CEL `int`/`uint` arrives as a number; a string holding
+/// one is accepted too), whatever filter name it is grouped under.
+pub fn attribute_u64(attributes: &HashMap<String, Struct>, key: &str) -> Option<u64> {
+    attributes
+        .values()
+        .filter_map(|s| s.fields.get(key))
+        .find_map(|v| match &v.kind {
+            Some(Kind::NumberValue(n)) if n.is_finite() && *n >= 0.0 => Some(*n as u64),
+            Some(Kind::StringValue(s)) => s.trim().parse().ok(),
+            _ => None,
+        })
+}
+
+/// How many upstream attempts Envoy made for the request (`upstream.request_attempt_count`,
+/// forwarded as a response attribute by the observer filter; Envoy 1.33+).
+pub fn attempt_count(attributes: &HashMap<String, Struct>) -> Option<u64> {
+    attribute_u64(attributes, "upstream.request_attempt_count").filter(|&n| n > 0)
+}
+
 /// Addresses listed as a string (comma-separated) or a list of strings.
 fn addresses(value: &Value) -> Vec<SocketAddr> {
     match &value.kind {

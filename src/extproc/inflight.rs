@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::discovery::Endpoint;
-use crate::load::InflightGuard;
+use crate::health::TrialPermit;
+use crate::load::{InflightGuard, TtftContext};
 
 const SHARDS: usize = 16;
 
@@ -33,6 +34,13 @@ pub struct Tracked {
     pub prompt_tokens: u64,
     /// When the decision was made.
     pub decided_at: Instant,
+    /// The destination list as sent to Envoy: the pick, then the fallbacks in order.
+    pub destinations: Vec<Arc<Endpoint>>,
+    /// What the cost model expected of the pick, to learn from its first byte; cleared if a
+    /// retry moved the request.
+    pub ttft: Option<TtftContext>,
+    /// The pick's half-open trial slot, returned once its outcome is known.
+    pub trial: Option<TrialPermit>,
 }
 
 /// The hand-off table.
@@ -135,9 +143,12 @@ mod tests {
         let ep = Arc::clone(&reg.snapshot().all()[0]);
         Tracked {
             guard: ep.load.begin(5),
+            destinations: vec![Arc::clone(&ep)],
             endpoint: ep,
             prompt_tokens: 5,
             decided_at: Instant::now(),
+            ttft: None,
+            trial: None,
         }
     }
 

@@ -418,13 +418,50 @@ impl Stream {
             .on_headers(status, envoy::header_str(headers, "content-type"));
         let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
             .or_else(|| envoy::served_endpoint(None, &msg.attributes));
+        let attempts =
+            envoy::attempt_count(&h.attributes).or_else(|| envoy::attempt_count(&msg.attributes));
         if let (Some(addr), Some(t)) = (served, &mut r.tracked) {
-            // A retry moved the request to a fallback: move its load there too.
             if addr != t.endpoint.address {
+                // Another endpoint served it. override_host walks the list in order, skipping
+                // addresses not (yet) in Envoy's cluster, and retries the next one after a
+                // connect failure, reset or 503: the endpoints before the served one failed,
+                // as many of them as Envoy made extra attempts (all of them if it did not say).
+                // Passive health signals for each.
+                let before = t
+                    .destinations
+                    .iter()
+                    .position(|e| e.address == addr)
+                    .unwrap_or(1);
+                let failed =
+                    attempts.map_or(before, |a| (a.saturating_sub(1) as usize).min(before));
+                tracing::debug!(
+                    request_id = %self.request_id,
+                    pick = %t.endpoint.address_str,
+                    served = %addr,
+                    attempts,
+                    failed,
+                    "served by another endpoint than the pick"
+                );
+                for failed in &t.destinations[..failed] {
+                    self.router.record_outcome(failed, false);
+                }
+                t.trial = None;
+                t.ttft = None;
+                // Move the load to the endpoint that serves it.
                 if let Some(actual) = self.router.endpoints().get(&addr).cloned() {
                     t.guard = actual.load.begin(t.prompt_tokens);
                     t.endpoint = actual;
                 }
+            }
+        }
+        if let (Some(t), Some(code)) = (&mut r.tracked, status) {
+            // A 5xx is a strong signal against the replica; anything else says it works. (Envoy's
+            // own 503 after exhausted retries lands on the last endpoint it tried.)
+            let ok = !crate::health::is_failure_status(code);
+            self.router.record_outcome(&t.endpoint, ok);
+            t.trial = None;
+            if !ok {
+                t.ttft = None;
             }
         }
         let endpoint = r
@@ -450,9 +487,20 @@ impl Stream {
         };
         match &mut self.phase {
             Phase::Responding(r) => {
-                if r.observer.on_body(&b.body, Instant::now()) {
+                let now = Instant::now();
+                if r.observer.on_body(&b.body, now) {
                     if let Some(t) = &mut r.tracked {
                         t.guard.prefill_done();
+                        if let Some(ctx) = t.ttft.take() {
+                            let ttft_ms = now.duration_since(t.decided_at).as_secs_f64() * 1e3;
+                            let config = self.router.config();
+                            t.endpoint.load.learned.observe(
+                                &ctx,
+                                ttft_ms,
+                                &config.load.learning,
+                                tokio::time::Instant::now(),
+                            );
+                        }
                     }
                 }
                 if b.end_of_stream {
@@ -520,6 +568,9 @@ fn tracked(d: Decision) -> Tracked {
         endpoint: Arc::clone(d.primary()),
         prompt_tokens: d.plan.uncached_tokens(),
         decided_at: Instant::now(),
+        destinations: d.plan.endpoints.clone(),
+        ttft: Some(d.ttft),
+        trial: d.trial,
         guard: d.guard,
     }
 }

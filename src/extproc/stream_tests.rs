@@ -552,6 +552,229 @@ async fn a_retry_to_a_fallback_moves_the_accounting() {
     assert_eq!(f.in_flight(), 0);
 }
 
+/// Routes one request through a picker stream and returns (destination list, pick id).
+async fn route_one(f: &Fixture) -> (Vec<String>, u64) {
+    let mut picker = f.stream();
+    picker
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    let (dest, pick) =
+        destination(&picker.on_message(request_body(CHAT.as_bytes(), true)).await[0]).unwrap();
+    drop(picker);
+    (dest.split(',').map(str::to_string).collect(), pick)
+}
+
+fn breaker_state(f: &Fixture, addr: &str) -> crate::health::BreakerState {
+    let ep = f
+        .router
+        .endpoints()
+        .get(&addr.parse().unwrap())
+        .cloned()
+        .unwrap();
+    ep.health
+        .snapshot(tokio::time::Instant::now(), &f.router.config().health)
+        .breaker
+}
+
+#[tokio::test]
+async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
+    let f = Fixture::new();
+    f.table.claim(0); // observers are in use
+    let threshold = f.router.config().health.breaker.failure_threshold;
+    // Envoy had to retry the pick on the fallback, `threshold` times: the pick is ejected.
+    let (dest, pick) = route_one(&f).await;
+    let victim = dest[0].clone();
+    f.stream()
+        .on_message(response_headers(
+            "200",
+            Some(forwarded(pick, Some(&victim))),
+            true,
+        ))
+        .await;
+    let mut failures = 0;
+    for _ in 0..50 {
+        if failures == threshold {
+            break;
+        }
+        let (dest, pick) = route_one(&f).await;
+        // The victim fails over to the fallback; the other serves its own requests.
+        let served = if dest[0] == victim {
+            failures += 1;
+            &dest[1]
+        } else {
+            &dest[0]
+        };
+        f.stream()
+            .on_message(response_headers(
+                "200",
+                Some(forwarded(pick, Some(served))),
+                true,
+            ))
+            .await;
+    }
+    assert_eq!(failures, threshold);
+    let victim = victim.as_str();
+    assert_eq!(breaker_state(&f, victim), crate::health::BreakerState::Open);
+    let (dest, pick) = route_one(&f).await;
+    assert_ne!(dest[0], victim, "an open breaker is not picked");
+    drop(f.table.take(pick));
+    let other = dest[0].clone();
+
+    // A 200 leaves the breaker closed; 5xx responses open it.
+    let (_, pick) = route_one(&f).await;
+    f.stream()
+        .on_message(response_headers(
+            "200",
+            Some(forwarded(pick, Some(&other))),
+            true,
+        ))
+        .await;
+    assert_eq!(
+        breaker_state(&f, &other),
+        crate::health::BreakerState::Closed
+    );
+    for _ in 0..threshold {
+        let (_, pick) = route_one(&f).await;
+        f.stream()
+            .on_message(response_headers(
+                "500",
+                Some(forwarded(pick, Some(&other))),
+                true,
+            ))
+            .await;
+    }
+    assert_eq!(breaker_state(&f, &other), crate::health::BreakerState::Open);
+    let text = f.router.metrics().render(&f.router.endpoints());
+    assert!(
+        text.contains(&format!(
+            "kvrouter_ejections_total{{endpoint=\"{other}\",cause=\"breaker\"}} 1"
+        )),
+        "{text}"
+    );
+    assert_eq!(f.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
+    let f = Fixture::new();
+    f.table.claim(0);
+    let cfg = f.router.config().health.clone();
+    let failures_to_open = cfg.breaker.failure_threshold;
+    // The pick is not in Envoy's cluster yet (EDS lag): override_host skips it and the fallback
+    // serves on the first attempt. However often that happens, the pick stays closed.
+    let mut skipped = None;
+    for _ in 0..(failures_to_open * 4) {
+        let (dest, pick) = route_one(&f).await;
+        let mut msg = response_headers("200", Some(forwarded(pick, Some(&dest[1]))), true);
+        let Some(Request::ResponseHeaders(h)) = &mut msg.request else {
+            unreachable!()
+        };
+        h.attributes.insert(
+            "envoy.filters.http.ext_proc".into(),
+            Struct {
+                fields: HashMap::from([(
+                    "upstream.request_attempt_count".to_string(),
+                    Value {
+                        kind: Some(Kind::NumberValue(1.0)),
+                    },
+                )]),
+            },
+        );
+        f.stream().on_message(msg).await;
+        skipped = Some(dest[0].clone());
+    }
+    let skipped = skipped.unwrap();
+    assert_eq!(
+        breaker_state(&f, &skipped),
+        crate::health::BreakerState::Closed
+    );
+    // Two attempts: the pick was tried and failed.
+    for _ in 0..50 {
+        let (dest, pick) = route_one(&f).await;
+        let (served, attempts) = if dest[0] == skipped {
+            (&dest[1], 2.0)
+        } else {
+            (&dest[0], 1.0)
+        };
+        let mut msg = response_headers("200", Some(forwarded(pick, Some(served))), true);
+        let Some(Request::ResponseHeaders(h)) = &mut msg.request else {
+            unreachable!()
+        };
+        h.attributes.insert(
+            "envoy.filters.http.ext_proc".into(),
+            Struct {
+                fields: HashMap::from([(
+                    "upstream.request_attempt_count".to_string(),
+                    Value {
+                        kind: Some(Kind::NumberValue(attempts)),
+                    },
+                )]),
+            },
+        );
+        f.stream().on_message(msg).await;
+        if breaker_state(&f, &skipped) == crate::health::BreakerState::Open {
+            return;
+        }
+    }
+    panic!("a pick that Envoy tried and retried elsewhere never opened its breaker");
+}
+
+#[tokio::test]
+async fn the_first_byte_teaches_the_picks_residual_but_not_after_a_retry() {
+    let f = Fixture::new();
+    f.table.claim(0);
+    let cfg = f.router.config().load.learning.clone();
+    let samples = |addr: &str| {
+        let ep = f
+            .router
+            .endpoints()
+            .get(&addr.parse().unwrap())
+            .cloned()
+            .unwrap();
+        ep.load
+            .learned
+            .snapshot(&cfg, tokio::time::Instant::now())
+            .residual_samples
+    };
+    let (dest, pick) = route_one(&f).await;
+    let mut observer = f.stream();
+    observer
+        .on_message(response_headers(
+            "200",
+            Some(forwarded(pick, Some(&dest[0]))),
+            false,
+        ))
+        .await;
+    observer
+        .on_message(response_body(b"data: {}\n\n", false))
+        .await;
+    observer
+        .on_message(response_body(b"data: [DONE]\n\n", true))
+        .await;
+    assert_eq!(samples(&dest[0]), 1, "one first byte, one sample");
+
+    let (dest, pick) = route_one(&f).await;
+    let before = samples(&dest[1]);
+    let mut observer = f.stream();
+    observer
+        .on_message(response_headers(
+            "200",
+            Some(forwarded(pick, Some(&dest[1]))),
+            false,
+        ))
+        .await;
+    observer.on_message(response_body(b"x", true)).await;
+    assert_eq!(
+        samples(&dest[1]),
+        before,
+        "the prediction was for the pick, not for the endpoint that served"
+    );
+}
+
 fn arb_message() -> impl Strategy<Value = ProcessingRequest> {
     let mode = prop_oneof![
         Just(BodySendMode::Buffered),

@@ -1,19 +1,37 @@
-//! Per-endpoint load as the router itself sees it: requests and prompt tokens in flight.
+//! Per-endpoint load: the router's own in-flight counts, the engine's scraped view, and the
+//! speed learned from observed first-byte times.
 //!
-//! Counters are atomics read without locks by the policy. They are only changed through an
-//! [`InflightGuard`], whose `Drop` releases what it took, so an error path, a client disconnect or
-//! an Envoy cancel can never leak a count.
+//! - This file: requests and prompt tokens in flight. Counters are atomics read without locks by
+//!   the policy. They are only changed through an [`InflightGuard`], whose `Drop` releases what it
+//!   took, so an error path, a client disconnect or an Envoy cancel can never leak a count.
+//! - [`engine`]: the last scraped engine sample and its freshness.
+//! - [`exposition`]: parsing vLLM's / SGLang's Prometheus text into an engine sample.
+//! - [`scrape`]: the scrape loop of one endpoint.
+//! - [`learned`] / [`ewma`]: prefill speed and TTFT residual learned per endpoint.
+
+pub mod engine;
+pub mod ewma;
+pub mod exposition;
+pub mod learned;
+pub mod scrape;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Live load counters of one endpoint. Shared by every endpoint-set snapshot that contains the
-/// endpoint, so a config reload never resets them.
+pub use engine::{EngineSample, EngineSignal, EngineState, LoraInfo};
+pub use learned::{Learned, LearnedSnapshot, TtftContext};
+
+/// Live load state of one endpoint. Shared by every endpoint-set snapshot that contains the
+/// endpoint, so a config reload never resets it.
 #[derive(Debug, Default)]
 pub struct EndpointLoad {
     in_flight_requests: AtomicU64,
     in_flight_prefill_tokens: AtomicU64,
     requests_total: AtomicU64,
+    /// The engine's own load, as last scraped.
+    pub engine: EngineState,
+    /// Speed and TTFT residual learned from responses.
+    pub learned: Learned,
 }
 
 /// A consistent-enough copy of an endpoint's load. Each field is read atomically; the pair may be

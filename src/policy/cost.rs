@@ -8,13 +8,17 @@
 //!         + uncached_tokens(e) / prefill_speed(e) its own prefill, minus what e has cached
 //! queue_wait(e) = prefill tokens in flight on e / prefill_speed(e)
 //!               + running_request_ms * requests running on e
+//!               + waiting_request_ms * requests waiting in e's engine queue (scraped, if fresh)
+//!               + ttft_residual(e)                 learned: how much slower than predicted e is
 //! ```
 //!
 //! "Prefill tokens in flight" are the uncached prompt tokens of requests routed to `e` that have
 //! not produced a first token yet: the prefill work the engine must finish first (FCFS).
-//! Requests already decoding slow each engine step a little (`running_request_ms` each). Speeds
-//! are per endpoint, so unequal GPUs are compared fairly. The design's worked example is the
-//! test below.
+//! Requests already decoding slow each engine step a little (`running_request_ms` each).
+//! Requests in the engine's own waiting queue wait for a batch slot (`max_num_seqs` reached) or
+//! for KV blocks, which the router's token count does not see; each costs `waiting_request_ms`.
+//! Speeds are per endpoint (configured or learned), so unequal GPUs are compared fairly. The
+//! design's worked example is the test below.
 
 use super::{CandidateView, RequestView};
 use crate::config::PredictedTtftConfig;
@@ -22,10 +26,12 @@ use crate::config::PredictedTtftConfig;
 /// One candidate's predicted time to first token, with its parts (ms).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Prediction {
-    /// Waiting for work already on the endpoint.
+    /// Waiting for work already on the endpoint (the learned residual included).
     pub queue_ms: f64,
     /// Prefilling this request's uncached tokens.
     pub prefill_ms: f64,
+    /// The learned residual included in `queue_ms`.
+    pub residual_ms: f64,
     /// The total, `base_ms + queue_ms + prefill_ms`.
     pub ttft_ms: f64,
 }
@@ -37,6 +43,8 @@ pub struct CostModel {
     pub base_ms: f64,
     /// Slow-down per request running on the endpoint, ms.
     pub running_request_ms: f64,
+    /// Wait per request queued in the engine (scraped, when fresh), ms.
+    pub waiting_request_ms: f64,
 }
 
 impl From<&PredictedTtftConfig> for CostModel {
@@ -44,6 +52,7 @@ impl From<&PredictedTtftConfig> for CostModel {
         CostModel {
             base_ms: c.base_ms,
             running_request_ms: c.running_request_ms,
+            waiting_request_ms: c.waiting_request_ms,
         }
     }
 }
@@ -61,10 +70,27 @@ impl CostModel {
         tokens as f64 / c.prefill_tokens_per_s.max(1e-9) * 1e3
     }
 
+    /// The costs that do not depend on prefill speed: the base and the slow-down of running
+    /// requests, ms. (What a first-byte time is corrected by before it becomes a speed sample.)
+    pub fn fixed_ms(&self, c: &CandidateView) -> f64 {
+        self.base_ms + self.running_request_ms * Self::running(c)
+    }
+
     /// Time the work already on `c` takes before this request's prefill starts, ms.
     pub fn queue_ms(&self, c: &CandidateView) -> f64 {
+        let waiting = c.engine.map_or(0, |e| e.waiting_requests) as f64;
         self.prefill_ms(c.load.in_flight_prefill_tokens, c)
             + self.running_request_ms * Self::running(c)
+            + self.waiting_request_ms * waiting
+            + Self::residual(c)
+    }
+
+    fn residual(c: &CandidateView) -> f64 {
+        if c.ttft_residual_ms.is_finite() {
+            c.ttft_residual_ms.max(0.0)
+        } else {
+            0.0
+        }
     }
 
     /// The predicted TTFT of `request` on `c`.
@@ -74,6 +100,7 @@ impl CostModel {
         Prediction {
             queue_ms,
             prefill_ms,
+            residual_ms: Self::residual(c),
             ttft_ms: self.base_ms + queue_ms + prefill_ms,
         }
     }
@@ -92,6 +119,7 @@ mod tests {
         let model = CostModel {
             base_ms: 0.0,
             running_request_ms: 0.0,
+            waiting_request_ms: 0.0,
         };
         let prompt = request(4000);
         // 220 ms of queue at 10 tokens/ms is 2,200 prefill tokens ahead; 20 ms is 200.
@@ -120,6 +148,7 @@ mod tests {
         let model = CostModel {
             base_ms: 5.0,
             running_request_ms: 1.0,
+            waiting_request_ms: 100.0,
         };
         let mut fast = cached(1, 2, 0, 0);
         fast.prefill_tokens_per_s = 30_000.0;
@@ -134,5 +163,41 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(model.predict(&p, &scraped).queue_ms, 10.0);
+        assert_eq!(model.fixed_ms(&scraped), 15.0);
+    }
+
+    #[test]
+    fn a_hidden_engine_queue_and_the_learned_residual_make_a_holder_look_as_slow_as_it_is() {
+        let model = CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 100.0,
+        };
+        let prompt = request(4000);
+        // The holder saves 300 ms of prefill, but its engine queues 4 requests for batch slots
+        // that the router's token count (0 here) does not show.
+        let mut holder = cached(1, 0, 0, 3000);
+        let cold = cached(2, 0, 0, 0);
+        assert!(model.predict(&prompt, &holder).ttft_ms < model.predict(&prompt, &cold).ttft_ms);
+        holder.engine = Some(crate::policy::EngineLoad {
+            waiting_requests: 4,
+            ..Default::default()
+        });
+        let p = model.predict(&prompt, &holder);
+        assert_eq!((p.queue_ms, p.ttft_ms), (400.0, 500.0));
+        assert!(
+            p.ttft_ms > model.predict(&prompt, &cold).ttft_ms,
+            "route to the cold one"
+        );
+        // Stale signals: no queue term; the learned residual still counts, never negatively.
+        holder.engine = None;
+        holder.ttft_residual_ms = 350.0;
+        let p = model.predict(&prompt, &holder);
+        assert_eq!(
+            (p.queue_ms, p.residual_ms, p.ttft_ms),
+            (350.0, 350.0, 450.0)
+        );
+        holder.ttft_residual_ms = -80.0;
+        assert_eq!(model.predict(&prompt, &holder).ttft_ms, 100.0);
     }
 }

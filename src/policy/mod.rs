@@ -63,8 +63,12 @@ pub struct CandidateView {
     pub confirmed_tokens: u64,
     /// The endpoint's prefill speed (configured or learned), prompt tokens per second, > 0.
     pub prefill_tokens_per_s: f64,
-    /// The engine's scraped load, when fresh.
+    /// The engine's scraped load, when fresh (`None` when stale, missing or not scraped: the
+    /// policy then relies on the router's own in-flight counts).
     pub engine: Option<EngineLoad>,
+    /// How much slower than predicted this endpoint's first tokens have recently been (learned,
+    /// decaying, >= 0), ms; added to its predicted queue wait. 0 when nothing was learned.
+    pub ttft_residual_ms: f64,
 }
 
 impl CandidateView {
@@ -219,6 +223,7 @@ pub(crate) mod testing {
             confirmed_tokens: 0,
             prefill_tokens_per_s: 10_000.0,
             engine: None,
+            ttft_residual_ms: 0.0,
         }
     }
 

@@ -22,6 +22,30 @@ pub struct CandidateRow {
     pub in_flight_prefill_tokens: u64,
     /// Prefill speed assumed, tokens per second.
     pub prefill_tokens_per_s: f64,
+    /// Where that speed comes from: `learned`, `configured` or `default`.
+    #[serde(default)]
+    pub prefill_speed_source: String,
+    /// The engine's scraped load: `fresh`, `stale` (ignored), `missing` or `not-scraped`.
+    #[serde(default)]
+    pub engine_signal: String,
+    /// Age of the last engine sample, ms.
+    #[serde(default)]
+    pub engine_age_ms: Option<u64>,
+    /// Requests waiting in the engine's queue (fresh signal only).
+    #[serde(default)]
+    pub engine_waiting_requests: Option<u64>,
+    /// Requests in the engine's running batch (fresh signal only).
+    #[serde(default)]
+    pub engine_running_requests: Option<u64>,
+    /// The engine's KV-cache usage, 0..1 (fresh signal only).
+    #[serde(default)]
+    pub engine_kv_cache_usage: Option<f64>,
+    /// The learned TTFT residual added to its prediction, ms.
+    #[serde(default)]
+    pub ttft_residual_ms: f64,
+    /// Admitted as a half-open breaker's trial request.
+    #[serde(default)]
+    pub trial: bool,
     /// Predicted time to first token, ms (policies that predict it).
     pub predicted_ttft_ms: Option<f64>,
     /// The policy's score (higher is better); `None` if a filter excluded it.
@@ -53,6 +77,13 @@ pub struct Explanation {
     pub fallbacks: Vec<String>,
     /// Every candidate, in ranking order.
     pub candidates: Vec<CandidateRow>,
+    /// Whether some candidate's engine signal was stale or missing, so the policy used the
+    /// router's own in-flight counts for it.
+    #[serde(default)]
+    pub stale_signals: bool,
+    /// Endpoints serving the model left out as unhealthy (they may still end the fallback list).
+    #[serde(default)]
+    pub unhealthy: Vec<String>,
 }
 
 impl Explanation {
@@ -66,6 +97,7 @@ impl Explanation {
             .enumerate()
             .map(|(rank, &i)| {
                 let c = &plan.candidates[i];
+                let signals = &plan.signals[i];
                 CandidateRow {
                     endpoint: c.address.to_string(),
                     rank,
@@ -74,6 +106,14 @@ impl Explanation {
                     in_flight_requests: c.load.in_flight_requests,
                     in_flight_prefill_tokens: c.load.in_flight_prefill_tokens,
                     prefill_tokens_per_s: c.prefill_tokens_per_s,
+                    prefill_speed_source: signals.prefill_speed.to_string(),
+                    engine_signal: signals.engine.to_string(),
+                    engine_age_ms: signals.engine_age_ms,
+                    engine_waiting_requests: c.engine.map(|e| e.waiting_requests),
+                    engine_running_requests: c.engine.map(|e| e.running_requests),
+                    engine_kv_cache_usage: c.engine.map(|e| e.kv_cache_usage),
+                    ttft_residual_ms: c.ttft_residual_ms,
+                    trial: signals.trial,
                     predicted_ttft_ms: ttft.map(|t| t[i]),
                     score: plan.ranking.scores[i],
                 }
@@ -94,6 +134,12 @@ impl Explanation {
                 .map(|e| e.address_str.to_string())
                 .collect(),
             candidates,
+            stale_signals: plan.stale_signals(),
+            unhealthy: plan
+                .unhealthy
+                .iter()
+                .map(|e| e.address_str.to_string())
+                .collect(),
         }
     }
 
@@ -121,28 +167,39 @@ impl Explanation {
         let _ = writeln!(out, "policy {}", self.policy);
         let _ = writeln!(
             out,
-            "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>10} {:>12} {:>10}",
+            "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}",
             "rank",
             "endpoint",
             "matched",
             "confirmed",
             "in-flight",
             "prefill-tok",
+            "engine",
             "tok/s",
             "ttft-ms",
             "score"
         );
         for c in &self.candidates {
+            let engine = match (c.engine_waiting_requests, c.engine_running_requests) {
+                (Some(w), Some(r)) => format!("w{w} r{r}"),
+                _ => c.engine_signal.clone(),
+            };
+            let speed = format!(
+                "{:.0} {}",
+                c.prefill_tokens_per_s,
+                c.prefill_speed_source.get(..4).unwrap_or("")
+            );
             let _ = writeln!(
                 out,
-                "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>10.0} {:>12} {:>10}",
+                "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}",
                 c.rank,
                 c.endpoint,
                 c.matched_tokens,
                 c.confirmed_tokens,
                 c.in_flight_requests,
                 c.in_flight_prefill_tokens,
-                c.prefill_tokens_per_s,
+                engine,
+                speed,
                 c.predicted_ttft_ms
                     .map(|t| format!("{t:.1}"))
                     .unwrap_or_else(|| "-".into()),
@@ -154,6 +211,15 @@ impl Explanation {
         let _ = writeln!(out, "pick {}", self.pick);
         if !self.fallbacks.is_empty() {
             let _ = writeln!(out, "fallbacks {}", self.fallbacks.join(", "));
+        }
+        if self.stale_signals {
+            let _ = writeln!(
+                out,
+                "stale engine signals: the policy used the router's own counts where marked"
+            );
+        }
+        if !self.unhealthy.is_empty() {
+            let _ = writeln!(out, "unhealthy (not picked) {}", self.unhealthy.join(", "));
         }
         out
     }

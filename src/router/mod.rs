@@ -12,18 +12,20 @@ mod log;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
 pub use explain::{CandidateRow, Explanation};
 pub use log::DecisionLog;
 
-use crate::config::Config;
-use crate::discovery::{Endpoint, EndpointSet, ModelMatch, Registry, SetChange};
+use crate::config::{Config, EngineKind, ResolvedEndpoint};
+use crate::discovery::{Endpoint, EndpointSet, EndpointSink, ModelMatch, Registry, SetChange};
+use crate::health::{Admission, Change, TrialPermit};
 use crate::index::{IndexOptions, OwnershipIndex, TokioClock};
-use crate::load::InflightGuard;
-use crate::policy::{self, CandidateView, Policy, Ranking, RequestView};
+use crate::load::{InflightGuard, TtftContext};
+use crate::policy::cost::CostModel;
+use crate::policy::{self, CandidateView, EngineLoad, Policy, Ranking, RequestView};
 use crate::prefix::{Namespace, PrefixError, PrefixIdentity, TenantSalts, TokenizerRegistry};
 use crate::request::ParsedRequest;
 use crate::telemetry::Metrics;
@@ -61,10 +63,34 @@ pub struct Router {
     decisions: DecisionLog,
 }
 
+/// Where a candidate's inputs came from, one per candidate of a [`Plan`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateSignals {
+    /// The engine's scraped load: `fresh`, `stale` (older than `load.scrape.staleness_ms`:
+    /// ignored), `missing` (never scraped successfully) or `not-scraped` (scraping off, or an
+    /// `engine: other` pool).
+    pub engine: &'static str,
+    /// Age of the last engine sample, ms, if there is one.
+    pub engine_age_ms: Option<u64>,
+    /// The prefill speed's origin: `learned`, `configured` or `default`.
+    pub prefill_speed: &'static str,
+    /// Admitted as one of a half-open breaker's trial requests.
+    pub trial: bool,
+}
+
+impl CandidateSignals {
+    /// Whether the engine signal was expected but not fresh, so the policy fell back to the
+    /// router's own counts for this candidate.
+    pub fn degraded(&self) -> bool {
+        matches!(self.engine, "stale" | "missing")
+    }
+}
+
 /// A decision computed but not committed: everything a policy saw and said.
 #[derive(Debug)]
 pub struct Plan {
-    /// Ranked endpoints: the pick, then up to `routing.fallback_endpoints` fallbacks.
+    /// Ranked endpoints: the pick, then up to `routing.fallback_endpoints` fallbacks (healthy
+    /// ones first; unhealthy ones only fill the list's tail as a last resort).
     pub endpoints: Vec<Arc<Endpoint>>,
     /// The policy that decided.
     pub policy: &'static str,
@@ -78,6 +104,12 @@ pub struct Plan {
     pub model: String,
     /// The LoRA adapter, if `model` named one.
     pub adapter: Option<String>,
+    /// Per candidate (same indexing as `candidates`): where its inputs came from.
+    pub signals: Vec<CandidateSignals>,
+    /// Endpoints serving the model that were left out because they are unhealthy.
+    pub unhealthy: Vec<Arc<Endpoint>>,
+    /// The request as the policy saw it.
+    pub request: RequestView,
 }
 
 impl Plan {
@@ -96,6 +128,12 @@ impl Plan {
     pub fn explain(&self) -> Explanation {
         Explanation::from_plan(self)
     }
+
+    /// Whether some candidate's engine signal was stale or missing, so the policy decided on
+    /// the router's own in-flight counts for it.
+    pub fn stale_signals(&self) -> bool {
+        self.signals.iter().any(CandidateSignals::degraded)
+    }
 }
 
 /// Where a request should go, and its share of the chosen endpoint's load.
@@ -107,6 +145,10 @@ pub struct Decision {
     pub destination: String,
     /// Counts the request against the pick until dropped.
     pub guard: InflightGuard,
+    /// What the cost model expected of the pick, to learn from its first byte.
+    pub ttft: TtftContext,
+    /// The pick's half-open trial slot, if it was admitted as a trial.
+    pub trial: Option<TrialPermit>,
 }
 
 impl Decision {
@@ -184,6 +226,7 @@ impl Router {
         router
             .decisions
             .set_capacity(router.config().debug.record_decisions);
+        router.metrics.signals.configure(&router.config());
         Ok(router)
     }
 
@@ -252,11 +295,7 @@ impl Router {
             Arc::new(old.tokenizers.rebuild(&config.models, &self.base_dir)?)
         };
         let change = self.registry.publish(&config.resolved_endpoints());
-        for addr in &change.removed {
-            if let Some(id) = self.registry.interner().get(addr) {
-                self.index.clear_endpoint(id);
-            }
-        }
+        self.forget_removed(&change);
         let policy = if old.config.policy == config.policy {
             Arc::clone(&old.policy)
         } else {
@@ -271,22 +310,66 @@ impl Router {
         self.apply_capacities();
         self.decisions
             .set_capacity(self.config().debug.record_decisions);
+        self.metrics.signals.configure(&self.config());
         Ok(change)
     }
 
-    /// Sets each endpoint's index capacity from its configured KV capacity, in blocks of its
-    /// (first) model's block size.
+    /// Drops removed endpoints' cache entries (whatever source removed them).
+    fn forget_removed(&self, change: &SetChange) {
+        for addr in &change.removed {
+            if let Some(id) = self.registry.interner().get(addr) {
+                self.index.clear_endpoint(id);
+            }
+        }
+    }
+
+    /// Sets each endpoint's index capacity from its KV capacity: configured, else what its
+    /// engine reports (`vllm:cache_config_info`), in blocks of its (first) model's block size.
     fn apply_capacities(&self) {
-        let state = self.state.load();
         for ep in self.registry.snapshot().all() {
-            let Some(tokens) = ep.cache_capacity_tokens else {
-                continue;
-            };
-            let model = ep.models.first().map(String::as_str).unwrap_or("");
-            let block = u64::from(state.tokenizers.block_size_tokens(model).max(1));
-            let _ = self
-                .index
-                .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));
+            self.apply_capacity(ep);
+        }
+    }
+
+    fn apply_capacity(&self, ep: &Endpoint) {
+        let scraped = || ep.load.engine.last().and_then(|s| s.capacity_tokens);
+        let Some(tokens) = ep.cache_capacity_tokens.or_else(scraped) else {
+            return;
+        };
+        let model = ep.models.first().map(String::as_str).unwrap_or("");
+        let block = u64::from(self.tokenizers().block_size_tokens(model).max(1));
+        let _ = self
+            .index
+            .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));
+    }
+
+    /// The engine of `ep` reported a (new) KV capacity: size its index entries to it, unless
+    /// the config sets the capacity.
+    pub fn apply_engine_capacity(&self, ep: &Endpoint) {
+        if ep.cache_capacity_tokens.is_none() {
+            self.apply_capacity(ep);
+        }
+    }
+
+    /// Counts and logs a change of `ep`'s health.
+    pub fn report_health(&self, ep: &Endpoint, change: Change) {
+        self.metrics.signals.record_health_change(ep, change);
+        if change.is_ejection() {
+            tracing::warn!(endpoint = %ep.address_str, cause = change.cause.as_str(), from = change.from, to = change.to, "endpoint ejected");
+        } else {
+            tracing::info!(endpoint = %ep.address_str, cause = change.cause.as_str(), from = change.from, to = change.to, "endpoint health changed");
+        }
+    }
+
+    /// Records the outcome of a request served by `ep` (`ok`: no failure status, and not
+    /// retried elsewhere) into its circuit breaker.
+    pub fn record_outcome(&self, ep: &Endpoint, ok: bool) {
+        let config = self.config();
+        if let Some(change) =
+            ep.health
+                .record_request(ok, tokio::time::Instant::now(), &config.health)
+        {
+            self.report_health(ep, change);
         }
     }
 
@@ -317,11 +400,29 @@ impl Router {
             .map(|&i| &set.all()[i])
             .filter(|ep| ctx.subset.is_none_or(|s| s.contains(&ep.address)))
             .collect();
-        let eligible: Vec<&Arc<Endpoint>> = in_subset
-            .iter()
-            .copied()
-            .filter(|ep| !ep.draining)
-            .collect();
+        let now = tokio::time::Instant::now();
+        let health = &state.config.health;
+        let mut eligible: Vec<&Arc<Endpoint>> = Vec::with_capacity(in_subset.len());
+        let mut trial: Vec<bool> = Vec::with_capacity(in_subset.len());
+        let mut unhealthy: Vec<Arc<Endpoint>> = Vec::new();
+        let mut draining = 0usize;
+        for &ep in &in_subset {
+            if ep.draining {
+                draining += 1;
+                continue;
+            }
+            match ep.health.admission(now, health) {
+                Admission::Yes => {
+                    eligible.push(ep);
+                    trial.push(false);
+                }
+                Admission::Trial => {
+                    eligible.push(ep);
+                    trial.push(true);
+                }
+                Admission::No => unhealthy.push(Arc::clone(ep)),
+            }
+        }
         if eligible.is_empty() {
             return Err(RouteError::NoEndpoint {
                 model: requested.to_string(),
@@ -329,8 +430,12 @@ impl Router {
                     "the gateway's subset hint excludes every endpoint serving it"
                 } else if in_subset.is_empty() {
                     "no endpoints are configured"
-                } else {
+                } else if unhealthy.is_empty() {
                     "every endpoint serving it is draining"
+                } else if draining == 0 {
+                    "every endpoint serving it is unhealthy"
+                } else {
+                    "every endpoint serving it is unhealthy or draining"
                 },
             });
         }
@@ -352,23 +457,59 @@ impl Router {
         let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
         let matches = self.index.lookup(&prefix.block_hashes, &ids);
         let block = u64::from(prefix.block_size_tokens);
-        let default_speed = state
-            .config
-            .policy
-            .predicted_ttft
-            .default_prefill_tokens_per_s;
+        let config = &state.config;
+        let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
+        let learning = &config.load.learning;
+        let scrape = &config.load.scrape;
+        let staleness = Duration::from_millis(scrape.staleness_ms);
+        let mut signals = Vec::with_capacity(eligible.len());
         let candidates: Vec<CandidateView> = eligible
             .iter()
             .zip(&matches)
-            .map(|(ep, m)| CandidateView {
-                address: ep.address,
-                weight: ep.weight,
-                load: ep.load.snapshot(),
-                max_in_flight: ep.max_in_flight,
-                matched_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
-                confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
-                prefill_tokens_per_s: ep.prefill_tokens_per_s.unwrap_or(default_speed),
-                engine: None,
+            .zip(&trial)
+            .map(|((ep, m), &trial)| {
+                let scraped = scrape.enabled && ep.engine != EngineKind::Other;
+                let engine_signal = ep.load.engine.signal(now, staleness);
+                let engine = engine_signal
+                    .fresh()
+                    .filter(|_| scraped)
+                    .map(|s| EngineLoad {
+                        waiting_requests: s.waiting_requests,
+                        running_requests: s.running_requests,
+                        kv_cache_usage: s.kv_cache_usage,
+                    });
+                let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
+                    Some(v) => (v, "learned"),
+                    None => match ep.prefill_tokens_per_s {
+                        Some(v) => (v, "configured"),
+                        None => (default_speed, "default"),
+                    },
+                };
+                signals.push(CandidateSignals {
+                    engine: if scraped {
+                        engine_signal.as_str()
+                    } else {
+                        "not-scraped"
+                    },
+                    engine_age_ms: ep
+                        .load
+                        .engine
+                        .last()
+                        .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+                    prefill_speed: speed_source,
+                    trial,
+                });
+                CandidateView {
+                    address: ep.address,
+                    weight: ep.weight,
+                    load: ep.load.snapshot(),
+                    max_in_flight: ep.max_in_flight,
+                    matched_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+                    confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
+                    prefill_tokens_per_s: speed,
+                    engine,
+                    ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+                }
             })
             .collect();
         let view = RequestView {
@@ -376,12 +517,13 @@ impl Router {
             max_tokens: request.max_tokens,
         };
         let ranking = state.policy.rank(&view, &candidates);
-        let keep = 1 + state.config.routing.fallback_endpoints;
+        let keep = 1 + config.routing.fallback_endpoints;
         let endpoints = ranking
             .order
             .iter()
-            .take(keep)
             .map(|&i| Arc::clone(eligible[i]))
+            .chain(unhealthy.iter().cloned())
+            .take(keep)
             .collect();
         Ok(Plan {
             endpoints,
@@ -391,6 +533,9 @@ impl Router {
             ranking,
             model: requested.to_string(),
             adapter,
+            signals,
+            unhealthy,
+            request: view,
         })
     }
 
@@ -404,6 +549,32 @@ impl Router {
         let started = Instant::now();
         let plan = self.plan(request, ctx)?;
         let primary = Arc::clone(plan.primary());
+        let pick = plan.ranking.pick();
+        let config = self.config();
+        let trial = if plan.signals[pick].trial {
+            let (permit, change) = primary
+                .health
+                .begin_trial(tokio::time::Instant::now(), &config.health);
+            if let Some(change) = change {
+                self.report_health(&primary, change);
+            }
+            // A concurrent decision may have taken the last slot since the plan: the request
+            // still goes (one over the trickle bound), it is not worth failing.
+            permit
+        } else {
+            None
+        };
+        let ttft = {
+            let c = &plan.candidates[pick];
+            let model = CostModel::from(&config.policy.predicted_ttft);
+            let p = model.predict(&plan.request, c);
+            TtftContext {
+                work_tokens: c.load.in_flight_prefill_tokens + plan.uncached_tokens(),
+                fixed_ms: model.fixed_ms(c),
+                predicted_ms: p.ttft_ms - p.residual_ms,
+                engine_waiting: c.engine.map(|e| e.waiting_requests),
+            }
+        };
         let guard = primary.load.begin(plan.uncached_tokens());
         if !plan.prefix.block_hashes.is_empty() {
             // Only fails for an endpoint id beyond 2^24; the decision stands either way.
@@ -419,11 +590,33 @@ impl Router {
             .join(",");
         self.metrics
             .record_decision(plan.policy, &primary.address_str, started.elapsed());
+        if plan.stale_signals() {
+            self.metrics.signals.record_stale_decision(plan.policy);
+        }
         Ok(Decision {
             plan,
             destination,
             guard,
+            ttft,
+            trial,
         })
+    }
+}
+
+/// Discovery sources publish through the router, so an endpoint removed by any source has its
+/// cache entries dropped, and a new one gets its index capacity.
+impl EndpointSink for Router {
+    fn publish(&self, source: &str, endpoints: Vec<ResolvedEndpoint>) -> SetChange {
+        let change = self.registry.publish_source(source, endpoints);
+        self.forget_removed(&change);
+        self.apply_capacities();
+        change
+    }
+
+    fn remove(&self, source: &str) -> SetChange {
+        let change = self.registry.remove_source(source);
+        self.forget_removed(&change);
+        change
     }
 }
 

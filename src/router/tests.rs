@@ -426,3 +426,305 @@ fn explanations_show_the_breakdown_but_never_the_prompt() {
     assert_eq!(log.ids(), vec!["b", "c"]);
     assert!(log.get("a").is_none() && log.get("c").is_some());
 }
+
+mod signals {
+    //! Health, scraped engine signals, staleness and learned speeds in the decision.
+    use super::*;
+    use crate::discovery::EndpointSink;
+    use crate::load::{EngineSample, TtftContext};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    const THREE: &str = r#"
+routing: {fallback_endpoints: 2}
+policy: {name: least-loaded}
+pools:
+  - name: a
+    models: [m]
+    endpoints:
+      - address: 127.0.0.1:8001
+      - address: 127.0.0.1:8002
+      - address: 127.0.0.1:8003
+"#;
+
+    fn sample(waiting: u64, capacity: Option<u64>) -> EngineSample {
+        EngineSample {
+            waiting_requests: waiting,
+            running_requests: 2,
+            kv_cache_usage: 0.3,
+            capacity_tokens: capacity,
+            block_size_tokens: Some(16),
+            lora: None,
+            scraped_at: Instant::now(),
+        }
+    }
+
+    fn eject(r: &Router, port: u16) {
+        let ep = r.endpoints().get(&addr(port)).cloned().unwrap();
+        let cfg = r.config();
+        for _ in 0..cfg.health.probe.failure_threshold {
+            ep.health.record_probe(false, &cfg.health);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unhealthy_endpoints_are_never_picked_only_trail_the_fallbacks_and_all_down_is_503() {
+        let r = router(THREE);
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        eject(&r, 8002);
+        for _ in 0..6 {
+            let d = r.decide(&req, NONE).unwrap();
+            assert_ne!(d.primary().address, addr(8002));
+            let eps: Vec<SocketAddr> = d.plan.endpoints.iter().map(|e| e.address).collect();
+            assert_eq!(eps.len(), 3);
+            assert_eq!(eps[2], addr(8002), "last resort, after the healthy ones");
+            assert_eq!(d.plan.candidates.len(), 2);
+            assert_eq!(d.plan.explain().unhealthy, vec!["127.0.0.1:8002"]);
+        }
+        eject(&r, 8001);
+        eject(&r, 8003);
+        let err = r.decide(&req, NONE).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "No endpoint is available for model `m`: every endpoint serving it is unhealthy."
+        );
+        // One comes back: traffic resumes.
+        let ep = r.endpoints().get(&addr(8003)).cloned().unwrap();
+        let cfg = r.config();
+        for _ in 0..cfg.health.probe.success_threshold {
+            ep.health.record_probe(true, &cfg.health);
+        }
+        assert_eq!(r.decide(&req, NONE).unwrap().primary().address, addr(8003));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_half_open_endpoint_takes_one_trial_request_at_a_time() {
+        let r = router(&format!("{THREE}\nhealth: {{breaker: {{open_ms: 1000}}}}"));
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let ep = r.endpoints().get(&addr(8001)).cloned().unwrap();
+        for _ in 0..3 {
+            r.record_outcome(&ep, false);
+        }
+        let picks =
+            |n: usize| -> Vec<Decision> { (0..n).map(|_| r.decide(&req, NONE).unwrap()).collect() };
+        assert!(
+            picks(4).iter().all(|d| d.primary().address != addr(8001)),
+            "open"
+        );
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        // Least-loaded: the idle half-open endpoint is the best pick, but only once at a time.
+        let held = picks(4);
+        let trials: Vec<&Decision> = held
+            .iter()
+            .filter(|d| d.primary().address == addr(8001))
+            .collect();
+        assert_eq!(trials.len(), 1);
+        assert!(trials[0].trial.is_some());
+        assert!(trials[0].plan.explain().candidates.iter().any(|c| c.trial));
+        drop(held);
+        // Two good trials close it.
+        let only = [addr(8001)];
+        let ctx = RouteContext {
+            subset: Some(&only),
+            tenant: None,
+        };
+        for _ in 0..2 {
+            let d = r.decide(&req, ctx).unwrap();
+            assert!(d.trial.is_some());
+            r.record_outcome(&ep, true);
+        }
+        let held = picks(6);
+        assert_eq!(
+            held.iter()
+                .filter(|d| d.primary().address == addr(8001))
+                .count(),
+            2,
+            "closed: its fair share"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fresh_engine_signals_reach_the_policy_and_stale_ones_are_recorded_as_such() {
+        let r = router(&format!(
+            "{THREE}\nload: {{scrape: {{staleness_ms: 2000}}}}"
+        ));
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let set = r.endpoints();
+        for p in [8001, 8002, 8003] {
+            set.get(&addr(p))
+                .unwrap()
+                .load
+                .engine
+                .store(sample(u64::from(p - 8000), None));
+        }
+        let plan = r.plan(&req, NONE).unwrap();
+        assert!(!plan.stale_signals());
+        let e = plan.explain();
+        assert!(!e.stale_signals);
+        for c in &plan.candidates {
+            let w = c.engine.expect("fresh").waiting_requests;
+            assert_eq!(w, u64::from(c.address.port() - 8000));
+        }
+        assert!(e
+            .candidates
+            .iter()
+            .all(|c| c.engine_signal == "fresh" && c.engine_waiting_requests.is_some()));
+
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        set.get(&addr(8001))
+            .unwrap()
+            .load
+            .engine
+            .store(sample(0, None));
+        let d = r.decide(&req, NONE).unwrap();
+        assert!(d.plan.stale_signals());
+        let e = d.plan.explain();
+        let row = |port: u16| {
+            e.candidates
+                .iter()
+                .find(|c| c.endpoint == addr(port).to_string())
+                .unwrap()
+        };
+        assert_eq!(row(8001).engine_signal, "fresh");
+        assert_eq!(
+            (
+                row(8002).engine_signal.as_str(),
+                row(8002).engine_waiting_requests
+            ),
+            ("stale", None)
+        );
+        assert_eq!(row(8002).engine_age_ms, Some(2500));
+        assert!(e.to_text().contains("stale engine signals"));
+        let text = r.metrics().render(&r.endpoints());
+        assert!(
+            text.contains("kvrouter_decisions_on_stale_signals_total{policy=\"least-loaded\"} 1"),
+            "{text}"
+        );
+
+        // Scraping off: nothing is expected, nothing is degraded.
+        let r = router(&format!("{THREE}\nload: {{scrape: {{enabled: false}}}}"));
+        let plan = r.plan(&req, NONE).unwrap();
+        assert!(!plan.stale_signals());
+        assert!(plan.signals.iter().all(|s| s.engine == "not-scraped"));
+        assert!(plan.candidates.iter().all(|c| c.engine.is_none()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learned_speed_replaces_the_configured_one_after_enough_samples() {
+        let yaml = THREE.replace("least-loaded", "predicted-ttft").replace(
+            "    models: [m]\n",
+            "    models: [m]\n    prefill_tokens_per_s: 20000\n",
+        );
+        let r = router(&yaml);
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let ep = r.endpoints().get(&addr(8002)).cloned().unwrap();
+        let cfg = r.config();
+        let ctx = TtftContext {
+            work_tokens: 4000,
+            fixed_ms: 0.0,
+            predicted_ms: 200.0,
+            engine_waiting: None,
+        };
+        for i in 0..cfg.load.learning.min_samples {
+            let plan = r.plan(&req, NONE).unwrap();
+            let i_ep = plan
+                .candidates
+                .iter()
+                .position(|c| c.address == addr(8002))
+                .unwrap();
+            assert_eq!(plan.signals[i_ep].prefill_speed, "configured", "sample {i}");
+            // This replica is four times slower than configured: 4000 tokens in 800 ms.
+            ep.load
+                .learned
+                .observe(&ctx, 800.0, &cfg.load.learning, Instant::now());
+        }
+        let plan = r.plan(&req, NONE).unwrap();
+        let c = plan
+            .candidates
+            .iter()
+            .find(|c| c.address == addr(8002))
+            .unwrap();
+        assert_eq!(c.prefill_tokens_per_s, 5000.0);
+        assert!(c.ttft_residual_ms > 500.0, "{}", c.ttft_residual_ms);
+        let row = plan
+            .explain()
+            .candidates
+            .into_iter()
+            .find(|c| c.endpoint == "127.0.0.1:8002")
+            .unwrap();
+        assert_eq!(row.prefill_speed_source, "learned");
+        assert_ne!(
+            plan.primary().address,
+            addr(8002),
+            "the slow replica is not picked"
+        );
+        // The decision hands the observer what it needs to learn from the first byte.
+        let d = r.decide(&req, NONE).unwrap();
+        assert!(d.ttft.predicted_ms > 0.0);
+        assert_eq!(d.ttft.work_tokens, d.plan.uncached_tokens());
+    }
+
+    #[test]
+    fn any_source_removing_an_endpoint_drops_its_cache_entries() {
+        let r = tokenized("prefix-affinity", "");
+        let discovered = ResolvedEndpoint::new(addr(9001), "dns", &["m"]);
+        let change = r.publish("dns:x", vec![discovered]);
+        assert_eq!(change.added, vec![addr(9001)]);
+        let body = chat_sys("m", "q");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let subset = [addr(9001)];
+        let ctx = RouteContext {
+            subset: Some(&subset),
+            tenant: None,
+        };
+        drop(r.decide(&req, ctx).unwrap());
+        let id = r.endpoints().get(&addr(9001)).unwrap().id;
+        let held = |r: &Router| {
+            r.index()
+                .stats()
+                .endpoints
+                .iter()
+                .find(|e| e.endpoint == id)
+                .map_or(0, |e| e.blocks)
+        };
+        assert!(held(&r) > 0);
+        let change = r.remove("dns:x");
+        assert_eq!(change.removed, vec![addr(9001)]);
+        assert_eq!(held(&r), 0);
+    }
+
+    #[test]
+    fn the_engines_reported_capacity_sizes_the_index_unless_configured() {
+        let r = router(THREE);
+        let set = r.endpoints();
+        let ep = set.get(&addr(8001)).unwrap();
+        ep.load.engine.store(sample(0, Some(16 * 1000)));
+        r.apply_engine_capacity(ep);
+        let capacity = |r: &Router, id| {
+            r.index()
+                .stats()
+                .endpoints
+                .iter()
+                .find(|e| e.endpoint == id)
+                .map(|e| e.capacity_blocks)
+        };
+        assert_eq!(
+            capacity(&r, ep.id),
+            Some(1000),
+            "16,000 tokens in 16-token blocks"
+        );
+        let configured = THREE.replace(
+            "      - address: 127.0.0.1:8001\n",
+            "      - address: 127.0.0.1:8001\n        cache_capacity_tokens: 3200\n",
+        );
+        r.apply(Config::parse_and_validate(&configured, "t").unwrap())
+            .unwrap();
+        let ep = r.endpoints().get(&addr(8001)).cloned().unwrap();
+        r.apply_engine_capacity(&ep);
+        assert_eq!(capacity(&r, ep.id), Some(200), "the config wins");
+    }
+}

@@ -3,6 +3,8 @@
 //! Metric handles are registered once; the hot path only increments them. Labels are endpoint
 //! addresses, policy names and status codes: never prompt text.
 
+mod signals;
+
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -12,6 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+pub use signals::SignalMetrics;
 
 use crate::config::LogFormat;
 use crate::discovery::EndpointSet;
@@ -79,6 +83,8 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     endpoint_in_flight: Family<EndpointLabels, Gauge>,
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
+    /// Scrapes, engine load, staleness, health, ejections, learned speeds.
+    pub signals: SignalMetrics,
     scrape_lock: Mutex<()>,
 }
 
@@ -155,7 +161,9 @@ impl Metrics {
             "Estimated prompt tokens routed to the endpoint that have not produced a first byte",
             endpoint_prefill_tokens.clone(),
         );
+        let signals = SignalMetrics::register(&mut registry);
         Metrics {
+            signals,
             registry,
             decisions,
             decision_seconds,
@@ -238,6 +246,7 @@ impl Metrics {
         let _one_scrape_at_a_time = self.scrape_lock.lock();
         self.endpoint_in_flight.clear();
         self.endpoint_prefill_tokens.clear();
+        self.signals.refresh(endpoints);
         for ep in endpoints.all() {
             let labels = EndpointLabels {
                 endpoint: ep.address_str.to_string(),

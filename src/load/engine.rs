@@ -1,0 +1,157 @@
+//! The engine's own view of its load, as last scraped from its metrics, and whether that view is
+//! still fresh enough to trust.
+//!
+//! The scraper stores a whole [`EngineSample`] at once (one atomic pointer swap), so a reader
+//! never sees the queue of one scrape with the KV usage of another. Timestamps are
+//! `tokio::time::Instant`s, so staleness follows paused time in tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use tokio::time::Instant;
+
+/// LoRA adapters the engine reports (`vllm:lora_requests_info`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoraInfo {
+    /// Adapters loaded at most at once (`max_lora`).
+    pub max_loras: u32,
+    /// Adapters of running requests.
+    pub running: Vec<String>,
+    /// Adapters of waiting requests.
+    pub waiting: Vec<String>,
+}
+
+/// One scrape's worth of engine load.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EngineSample {
+    /// Requests queued in the engine, not yet scheduled (summed over its engines).
+    pub waiting_requests: u64,
+    /// Requests in the engine's running batch (summed over its engines).
+    pub running_requests: u64,
+    /// KV-cache usage, 0..1 (the highest of its engines).
+    pub kv_cache_usage: f64,
+    /// KV-cache capacity in tokens, if the engine reports it (vLLM: `block_size ×
+    /// num_gpu_blocks` of `cache_config_info`; SGLang: `max_total_num_tokens`).
+    pub capacity_tokens: Option<u64>,
+    /// The engine's own block size in tokens, if reported.
+    pub block_size_tokens: Option<u32>,
+    /// LoRA adapters, if reported.
+    pub lora: Option<LoraInfo>,
+    /// When the scrape completed.
+    #[serde(skip)]
+    pub scraped_at: Instant,
+}
+
+/// How trustworthy an endpoint's engine signals are right now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineSignal {
+    /// Scraped within the staleness threshold.
+    Fresh(Arc<EngineSample>),
+    /// Last scraped longer ago than the threshold.
+    Stale {
+        /// How long ago.
+        age: Duration,
+    },
+    /// Never scraped successfully (scraping off, not yet scraped, or failing since start).
+    Missing,
+}
+
+impl EngineSignal {
+    /// The fresh sample, if any.
+    pub fn fresh(&self) -> Option<&EngineSample> {
+        match self {
+            EngineSignal::Fresh(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `fresh`, `stale` or `missing`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EngineSignal::Fresh(_) => "fresh",
+            EngineSignal::Stale { .. } => "stale",
+            EngineSignal::Missing => "missing",
+        }
+    }
+}
+
+/// The last engine sample of one endpoint.
+#[derive(Debug, Default)]
+pub struct EngineState {
+    last: ArcSwapOption<EngineSample>,
+}
+
+impl EngineState {
+    /// Replaces the sample; returns the previous one.
+    pub fn store(&self, sample: EngineSample) -> Option<Arc<EngineSample>> {
+        self.last.swap(Some(Arc::new(sample)))
+    }
+
+    /// The last sample, however old.
+    pub fn last(&self) -> Option<Arc<EngineSample>> {
+        self.last.load_full()
+    }
+
+    /// The signal as of `now`: fresh if scraped at most `staleness` ago.
+    pub fn signal(&self, now: Instant, staleness: Duration) -> EngineSignal {
+        match self.last.load_full() {
+            None => EngineSignal::Missing,
+            Some(s) => {
+                let age = now.saturating_duration_since(s.scraped_at);
+                if age <= staleness {
+                    EngineSignal::Fresh(s)
+                } else {
+                    EngineSignal::Stale { age }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample(waiting: u64, at: Instant) -> EngineSample {
+        EngineSample {
+            waiting_requests: waiting,
+            running_requests: 1,
+            kv_cache_usage: 0.5,
+            capacity_tokens: None,
+            block_size_tokens: None,
+            lora: None,
+            scraped_at: at,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sample_is_trusted_until_the_staleness_threshold() {
+        let state = EngineState::default();
+        let threshold = Duration::from_millis(2000);
+        assert_eq!(
+            state.signal(Instant::now(), threshold),
+            EngineSignal::Missing
+        );
+        state.store(sample(3, Instant::now()));
+        tokio::time::advance(Duration::from_millis(2000)).await;
+        let signal = state.signal(Instant::now(), threshold);
+        assert_eq!(signal.fresh().map(|s| s.waiting_requests), Some(3));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            state.signal(Instant::now(), threshold),
+            EngineSignal::Stale {
+                age: Duration::from_millis(2001)
+            }
+        );
+        // A new scrape makes it fresh again.
+        state.store(sample(7, Instant::now()));
+        assert_eq!(
+            state
+                .signal(Instant::now(), threshold)
+                .fresh()
+                .map(|s| s.waiting_requests),
+            Some(7)
+        );
+    }
+}

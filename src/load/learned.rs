@@ -1,0 +1,282 @@
+//! What the router learns about each endpoint from the first-byte times it observes: its real
+//! prefill speed, and how far its TTFT stays above what the cost model predicts.
+//!
+//! # The estimator
+//!
+//! When the router routes a request to endpoint `e`, it knows the prefill work ahead of the
+//! request's first token there: `work = queued + uncached`, the uncached prompt tokens of requests
+//! it routed to `e` that have not produced a first byte yet, plus this request's own uncached
+//! tokens. The cost model charges `fixed` ms on top (its base cost and the slow-down per request
+//! running on `e`). When the first byte comes back after `ttft` ms, one speed sample is
+//!
+//! ```text
+//! speed = work / (ttft - fixed)        tokens per second
+//! ```
+//!
+//! A sample only means "prefill speed" when prefill dominated the wait, so it is taken only when:
+//! the request was served by the endpoint it was routed to (no retry), `work` is at least
+//! `min_sample_tokens` (small requests measure fixed costs: HTTP, scheduling, one decode step),
+//! `ttft > fixed`, and the engine's scraped queue was empty at decision time (a request that
+//! waited for a batch slot behind long decodes measured the decodes, not the prefill). Samples are
+//! clamped to `[min_prefill_tokens_per_s, max_prefill_tokens_per_s]` and averaged (EWMA, `alpha`);
+//! the learned speed replaces the configured one after `min_samples` samples. Small requests
+//! still understate the speed somewhat (their fixed costs are in the denominator); that bias is
+//! the same on every endpoint of the same hardware, so it does not skew the choice between them.
+//!
+//! The **TTFT residual** is `ttft - predicted`, over every served request, where `predicted` is
+//! the cost model's prediction without the residual itself. It captures what the router cannot
+//! see: requests queued for batch slots (`max_num_seqs` reached), traffic that bypasses the
+//! router, a slow host. Its EWMA is added to the endpoint's predictions, clamped to
+//! `0..=max_residual_ms`. Without new samples it decays (halving every `residual_half_life_ms`),
+//! so an endpoint that stopped getting traffic because it looked slow is tried again.
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::ewma::Ewma;
+use crate::config::LearningConfig;
+
+/// What the router predicted for a request when it decided, kept until its first byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftContext {
+    /// Prefill tokens queued on the endpoint ahead of the request plus its own uncached tokens.
+    pub work_tokens: u64,
+    /// Fixed costs the cost model added (base and per running request), ms.
+    pub fixed_ms: f64,
+    /// The cost model's prediction without the learned residual, ms.
+    pub predicted_ms: f64,
+    /// The engine's scraped waiting requests at decision time, if fresh.
+    pub engine_waiting: Option<u64>,
+}
+
+/// The samples one observation produced.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Observed {
+    /// The prefill-speed sample, tokens per second (after clamping), if one was taken.
+    pub speed_tokens_per_s: Option<f64>,
+    /// The TTFT residual sample, ms, if one was taken.
+    pub residual_ms: Option<f64>,
+}
+
+/// A copy of what was learned, for explanations and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct LearnedSnapshot {
+    /// The learned prefill speed, once trusted.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Speed samples so far.
+    pub speed_samples: u64,
+    /// The residual added to predictions now (decayed, clamped; 0 until trusted), ms.
+    pub ttft_residual_ms: f64,
+    /// Residual samples so far.
+    pub residual_samples: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    speed: Ewma,
+    residual: Ewma,
+    residual_at: Option<Instant>,
+}
+
+/// One endpoint's learned speed and residual. Updated once per response, read per decision.
+#[derive(Debug, Default)]
+pub struct Learned {
+    state: Mutex<State>,
+}
+
+fn decay(value: f64, since: Option<Instant>, now: Instant, half_life_ms: u64) -> f64 {
+    let Some(at) = since else { return value };
+    let elapsed_ms = now.saturating_duration_since(at).as_secs_f64() * 1e3;
+    value * 0.5f64.powf(elapsed_ms / half_life_ms.max(1) as f64)
+}
+
+impl Learned {
+    /// Learns from a first byte `ttft_ms` after the decision described by `ctx`.
+    pub fn observe(
+        &self,
+        ctx: &TtftContext,
+        ttft_ms: f64,
+        cfg: &LearningConfig,
+        now: Instant,
+    ) -> Observed {
+        if !cfg.enabled || !ttft_ms.is_finite() || ttft_ms < 0.0 {
+            return Observed::default();
+        }
+        let mut out = Observed::default();
+        let prefill_ms = ttft_ms - ctx.fixed_ms;
+        let queued_for_slot = ctx.engine_waiting.is_some_and(|w| w > 0);
+        if ctx.work_tokens >= cfg.min_sample_tokens.max(1) && prefill_ms > 0.0 && !queued_for_slot {
+            let speed = (ctx.work_tokens as f64 / (prefill_ms / 1e3))
+                .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s);
+            out.speed_tokens_per_s = Some(speed);
+        }
+        if cfg.ttft_residual && ctx.predicted_ms.is_finite() {
+            out.residual_ms = Some(ttft_ms - ctx.predicted_ms);
+        }
+        let mut s = self.state.lock();
+        if let Some(speed) = out.speed_tokens_per_s {
+            s.speed.add(speed, cfg.alpha);
+        }
+        if let Some(residual) = out.residual_ms {
+            let decayed = decay(
+                s.residual.value(),
+                s.residual_at,
+                now,
+                cfg.residual_half_life_ms,
+            );
+            s.residual.set_value(decayed);
+            s.residual.add(residual, cfg.alpha);
+            s.residual_at = Some(now);
+        }
+        out
+    }
+
+    /// The learned prefill speed, once `min_samples` samples were taken (and learning is on).
+    pub fn prefill_tokens_per_s(&self, cfg: &LearningConfig) -> Option<f64> {
+        if !cfg.enabled {
+            return None;
+        }
+        self.state.lock().speed.trusted(cfg.min_samples)
+    }
+
+    /// The residual to add to predictions at `now`, ms: decayed, clamped to
+    /// `0..=max_residual_ms`, and 0 until `min_samples` samples were taken.
+    pub fn ttft_residual_ms(&self, cfg: &LearningConfig, now: Instant) -> f64 {
+        if !cfg.enabled || !cfg.ttft_residual {
+            return 0.0;
+        }
+        let s = self.state.lock();
+        match s.residual.trusted(cfg.min_samples) {
+            Some(v) => decay(v, s.residual_at, now, cfg.residual_half_life_ms)
+                .clamp(0.0, cfg.max_residual_ms),
+            None => 0.0,
+        }
+    }
+
+    /// What was learned, as of `now`.
+    pub fn snapshot(&self, cfg: &LearningConfig, now: Instant) -> LearnedSnapshot {
+        let (speed_samples, residual_samples) = {
+            let s = self.state.lock();
+            (s.speed.samples(), s.residual.samples())
+        };
+        LearnedSnapshot {
+            prefill_tokens_per_s: self.prefill_tokens_per_s(cfg),
+            speed_samples,
+            ttft_residual_ms: self.ttft_residual_ms(cfg, now),
+            residual_samples,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ctx(work_tokens: u64, predicted_ms: f64) -> TtftContext {
+        TtftContext {
+            work_tokens,
+            fixed_ms: 5.0,
+            predicted_ms,
+            engine_waiting: Some(0),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn prefill_speed_converges_to_the_endpoints_real_speed() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        // A replica prefilling 4,000 tokens/s with 5 ms of fixed cost, configured as 10,000.
+        let real = 4000.0;
+        for i in 0..60u64 {
+            let work = 500 + (i % 5) * 700;
+            let ttft = 5.0 + work as f64 / real * 1e3;
+            if i < u64::from(cfg.min_samples) - 1 {
+                learned.observe(&ctx(work, ttft), ttft, &cfg, Instant::now());
+                assert_eq!(learned.prefill_tokens_per_s(&cfg), None, "not trusted yet");
+                continue;
+            }
+            learned.observe(&ctx(work, ttft), ttft, &cfg, Instant::now());
+        }
+        let speed = learned.prefill_tokens_per_s(&cfg).expect("trusted");
+        assert!((speed - real).abs() < 1.0, "{speed}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn samples_that_did_not_measure_prefill_are_skipped_and_outliers_clamped() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        let now = Instant::now();
+        let small = learned.observe(&ctx(100, 0.0), 50.0, &cfg, now);
+        assert_eq!(small.speed_tokens_per_s, None, "below min_sample_tokens");
+        let queued = TtftContext {
+            engine_waiting: Some(3),
+            ..ctx(2000, 0.0)
+        };
+        assert_eq!(
+            learned
+                .observe(&queued, 900.0, &cfg, now)
+                .speed_tokens_per_s,
+            None,
+            "waited for a batch slot"
+        );
+        assert_eq!(
+            learned
+                .observe(&ctx(2000, 0.0), 4.0, &cfg, now)
+                .speed_tokens_per_s,
+            None,
+            "faster than the fixed cost: no prefill time to divide by"
+        );
+        let fast = learned.observe(&ctx(2000, 0.0), 5.001, &cfg, now);
+        assert_eq!(fast.speed_tokens_per_s, Some(cfg.max_prefill_tokens_per_s));
+        let slow = learned.observe(&ctx(2000, 0.0), 1e9, &cfg, now);
+        assert_eq!(slow.speed_tokens_per_s, Some(cfg.min_prefill_tokens_per_s));
+        let off = LearningConfig {
+            enabled: false,
+            ..cfg
+        };
+        assert_eq!(
+            learned.observe(&ctx(2000, 0.0), 100.0, &off, now),
+            Observed::default()
+        );
+        assert_eq!(learned.prefill_tokens_per_s(&off), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn residual_converges_then_decays_without_samples() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        // Predicted 100 ms, observed 400 ms: 300 ms the router cannot see.
+        for _ in 0..40 {
+            learned.observe(&ctx(10, 100.0), 400.0, &cfg, Instant::now());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let r = learned.ttft_residual_ms(&cfg, Instant::now());
+        // Slightly below: the average also decays in the 10 ms between samples.
+        assert!((r - 300.0).abs() < 5.0, "{r}");
+        tokio::time::advance(Duration::from_millis(cfg.residual_half_life_ms)).await;
+        let half = learned.ttft_residual_ms(&cfg, Instant::now());
+        assert!(
+            (half - r / 2.0).abs() < 2.0,
+            "halved after a half-life: {half}"
+        );
+        // Faster than predicted never subtracts.
+        let quick = Learned::default();
+        for _ in 0..10 {
+            quick.observe(&ctx(10, 100.0), 20.0, &cfg, Instant::now());
+        }
+        assert_eq!(quick.ttft_residual_ms(&cfg, Instant::now()), 0.0);
+        // Clamped.
+        let huge = Learned::default();
+        for _ in 0..10 {
+            huge.observe(&ctx(10, 0.0), 1e7, &cfg, Instant::now());
+        }
+        assert_eq!(
+            huge.ttft_residual_ms(&cfg, Instant::now()),
+            cfg.max_residual_ms
+        );
+        let snap = learned.snapshot(&cfg, Instant::now());
+        assert_eq!(snap.residual_samples, 40);
+        assert_eq!(snap.speed_samples, 0, "10-token samples measure no speed");
+    }
+}
