@@ -7,6 +7,7 @@
 //!
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
+mod kv_events;
 mod validate;
 pub mod watch;
 
@@ -15,6 +16,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use kv_events::{
+    check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
+    KvEventsSubscription, MediumWeights, ResolvedKvEvents,
+};
 pub use validate::ConfigError;
 
 /// The whole router configuration, as read from one YAML file.
@@ -38,6 +43,8 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// The cache-ownership index: per-endpoint capacity and prediction lifetime.
     pub cache_index: CacheIndexConfig,
+    /// How engines' KV events are trusted (where they come from is per pool: `pools[].kv_events`).
+    pub kv_events: KvEventsConfig,
 }
 
 /// Outputs for a standalone Envoy (a gateway with its own endpoint discovery needs none).
@@ -285,6 +292,8 @@ pub struct PoolConfig {
     pub adapters: Vec<String>,
     /// The replicas.
     pub endpoints: Vec<EndpointConfig>,
+    /// Where the pool's engines publish KV events. Default: none (ownership from predictions).
+    pub kv_events: Option<KvEventsSubscription>,
 }
 
 /// One model replica.
@@ -308,6 +317,8 @@ pub struct EndpointConfig {
     /// Take the endpoint out of rotation: no new requests, in-flight ones finish (for
     /// maintenance). Default false.
     pub drain: bool,
+    /// This replica's own KV-event settings, overriding its pool's. Default: the pool's.
+    pub kv_events: Option<EndpointKvEvents>,
 }
 
 impl Default for EndpointConfig {
@@ -319,6 +330,7 @@ impl Default for EndpointConfig {
             weight: 1.0,
             max_in_flight: None,
             drain: false,
+            kv_events: None,
         }
     }
 }

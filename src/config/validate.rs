@@ -102,6 +102,7 @@ impl Config {
             errors.push("cache_index.prediction_ttl_ms", "must be > 0");
         }
         self.validate_pools(&mut errors);
+        errors.0.extend(self.validate_kv_events());
         errors.0
     }
 
