@@ -177,8 +177,8 @@ pub fn expand_template(template: &str, address: SocketAddr, zmq: bool) -> Result
             "address" => out.push_str(&address.to_string()),
             other => {
                 return Err(format!(
-                    "{template:?}: unknown placeholder {{{other}}} (use {{ip}}, {{port}}, {{address}})"
-                ))
+                "{template:?}: unknown placeholder {{{other}}} (use {{ip}}, {{port}}, {{address}})"
+            ))
             }
         }
         rest = &after[close + 1..];
@@ -225,9 +225,7 @@ impl Config {
 
     /// Per endpoint (with its config path): its subscription, none, or why it is invalid
     /// (the path of the bad field and the message).
-    fn resolve_kv_events(
-        &self,
-    ) -> Vec<(String, Result<Option<ResolvedKvEvents>, (String, String)>)> {
+    fn resolve_kv_events(&self) -> Vec<(String, Resolution)> {
         let mut out = Vec::new();
         for (p, pool) in self.pools.iter().enumerate() {
             for (e, ep) in pool.endpoints.iter().enumerate() {
@@ -323,6 +321,9 @@ impl Config {
     }
 }
 
+/// An endpoint's subscription, none, or (path of the bad field, message).
+type Resolution = Result<Option<ResolvedKvEvents>, (String, String)>;
+
 fn resolve_one(
     at: &str,
     p: usize,
@@ -330,7 +331,7 @@ fn resolve_one(
     own: &EndpointKvEvents,
     address: SocketAddr,
     own_model: Option<&String>,
-) -> Result<Option<ResolvedKvEvents>, (String, String)> {
+) -> Resolution {
     if !own.enabled {
         return Ok(None);
     }
@@ -365,8 +366,7 @@ fn resolve_one(
         (None, Some(s)) => (format!("pools[{p}].kv_events.topic"), s.topic.as_str()),
         (None, None) => (String::new(), ""),
     };
-    let topic =
-        expand_template(topic_template, address, false).map_err(|m| (topic_field, m))?;
+    let topic = expand_template(topic_template, address, false).map_err(|m| (topic_field, m))?;
     let model = own_model
         .or(pool.models.first())
         .cloned()
@@ -541,7 +541,10 @@ pools:
         }
         // Distinct topics make a shared bound socket valid.
         assert_eq!(
-            errors_of(&pool("kv_events: {bind: 'tcp://*:5557', topic: 'kv@{ip}'},", two)),
+            errors_of(&pool(
+                "kv_events: {bind: 'tcp://*:5557', topic: 'kv@{ip}'},",
+                two
+            )),
             Vec::<String>::new()
         );
     }

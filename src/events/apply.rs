@@ -156,11 +156,7 @@ impl Applier {
 
     /// Applies one received message (or the error decoding it). `seq` is the sequence frame
     /// when it was readable even though the payload was not.
-    pub(crate) fn on_message(
-        &mut self,
-        message: Result<Message<'_>, (WireError, Option<(u64, u32)>)>,
-        index: &OwnershipIndex,
-    ) {
+    pub(crate) fn on_message(&mut self, message: Received<'_>, index: &OwnershipIndex) {
         self.counters.messages += 1;
         let message = match message {
             Ok(m) => m,
@@ -200,12 +196,16 @@ impl Applier {
         let expected = self.set_expected(rank, seq.saturating_add(1));
         let link_was_lost = self.link.take().is_some();
         match expected {
-            None if seq == 0 => self.fresh_start(index),
+            None if seq == 0 && self.expected.len() == 1 => self.fresh_start(index),
             None => {
-                // The engine ran before we listened (or another rank did).
-                if self.view == View::Empty {
+                // The engine ran before we listened; or another data-parallel rank appeared,
+                // whose cache was empty if it starts at 0.
+                if seq != 0 && matches!(self.view, View::Empty | View::Complete) {
                     self.view = View::Partial(Reason::Joined);
-                } else if link_was_lost {
+                } else if self.view == View::Empty {
+                    self.view = View::Complete;
+                }
+                if link_was_lost {
                     self.blocks.restore(self.ep, index);
                 }
             }
@@ -283,11 +283,28 @@ impl Applier {
     }
 }
 
+/// A message as [`Applier::on_message`] takes it: decoded, or the error with the sequence (and
+/// rank 0) when at least the sequence frame was readable.
+pub(crate) type Received<'a> = Result<Message<'a>, (WireError, Option<(u64, u32)>)>;
+
+/// Decodes a multipart message's frames for [`apply_and_publish`].
+pub(crate) fn decode<F: AsRef<[u8]>>(frames: &[F]) -> Received<'_> {
+    super::wire::decode_message(frames).map_err(|e| {
+        let seq = match frames {
+            [_, seq, _] => <[u8; 8]>::try_from(seq.as_ref())
+                .ok()
+                .map(|b| (u64::from_be_bytes(b), 0)),
+            _ => None,
+        };
+        (e, seq)
+    })
+}
+
 /// Applies a message to an endpoint and publishes the resulting state.
 pub(crate) fn apply_and_publish(
     applier: &mut Applier,
     published: &Published,
-    message: Result<Message<'_>, (WireError, Option<(u64, u32)>)>,
+    message: Received<'_>,
     index: &OwnershipIndex,
     now_ms: u64,
 ) {

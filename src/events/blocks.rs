@@ -109,11 +109,14 @@ pub(crate) struct Rehash {
     pub(crate) max_namespaces: usize,
 }
 
+/// (LoRA name, cache salt): what tells an endpoint's namespaces apart.
+type NamespaceKey = (Option<Box<str>>, Option<Box<str>>);
+
 /// The engine-block table of one endpoint.
 #[derive(Debug)]
 pub(crate) struct EngineBlocks {
     map: HashMap<u64, EngineBlock, ahash::RandomState>,
-    ns_ids: HashMap<(Option<Box<str>>, Option<Box<str>>), u16>,
+    ns_ids: HashMap<NamespaceKey, u16>,
     hashers: Vec<BlockHasher>,
     rehash: Rehash,
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
-use super::apply::{Applier, StreamCounters};
+use super::apply::{self, Applier, StreamCounters};
 use super::blocks::Rehash;
 use super::state::{Published, Reason, SourceState};
 use super::subscriber::{self, Routes};
@@ -326,7 +326,8 @@ impl KvEvents {
                     .collect(),
             };
             if let Some(running) = sockets.get(&attach) {
-                let same_filter = matches!(attach, KvEventsAttach::Bind(_)) || running.topic == topic;
+                let same_filter =
+                    matches!(attach, KvEventsAttach::Bind(_)) || running.topic == topic;
                 if same_filter && !running.task.is_finished() {
                     running.routes.store(Arc::new(routes));
                     continue;
@@ -391,7 +392,8 @@ impl KvEvents {
         let timeout = self.inner.settings.load().silence_timeout_ms;
         match state {
             SourceState::Trusted | SourceState::Partial(_)
-                if e.overdue(self.inner.shared.clock.now_ms(), timeout).is_some() =>
+                if e.overdue(self.inner.shared.clock.now_ms(), timeout)
+                    .is_some() =>
             {
                 SourceState::Distrusted(Reason::Silent)
             }
@@ -459,6 +461,21 @@ impl KvEvents {
             applier.restarted(&shared.index);
             e.publish(&applier, shared);
         }
+    }
+
+    /// Applies one message (its frames as received: topic, sequence, payload) to `ep`'s stream,
+    /// as if its socket had received it: for engines that push events by other means, and for
+    /// benchmarks. False when `ep` has no stream.
+    pub fn ingest<F: AsRef<[u8]>>(&self, ep: EndpointId, frames: &[F]) -> bool {
+        let Some(e) = self.endpoint(ep) else {
+            return false;
+        };
+        let decoded = apply::decode(frames);
+        let shared = &self.inner.shared;
+        let now = shared.clock.now_ms();
+        let mut applier = e.applier.lock();
+        apply::apply_and_publish(&mut applier, &e.published, decoded, &shared.index, now);
+        true
     }
 
     /// Every endpoint's stream, in id order.
@@ -532,3 +549,6 @@ async fn check_silence(inner: Weak<Inner>) {
         tokio::time::sleep(tick).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -237,7 +237,9 @@ impl<'a> Reader<'a> {
     pub(crate) fn bytes(&mut self) -> Result<&'a [u8], MsgpackError> {
         let n = match self.str_len()? {
             Some(n) => n,
-            None => self.bin_len()?.ok_or_else(|| self.err("bytes or a string"))?,
+            None => self
+                .bin_len()?
+                .ok_or_else(|| self.err("bytes or a string"))?,
         };
         self.take(n, "bytes")
     }

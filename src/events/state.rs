@@ -184,8 +184,14 @@ mod tests {
             assert_eq!(SourceState::unpack(s.pack()), s);
         }
         assert_eq!(p.since_ms(), 9);
-        assert_eq!(SourceState::Partial(Reason::Gap).source(), "events+predictions");
-        assert_eq!(SourceState::Distrusted(Reason::Silent).reason(), Some(Reason::Silent));
+        assert_eq!(
+            SourceState::Partial(Reason::Gap).source(),
+            "events+predictions"
+        );
+        assert_eq!(
+            SourceState::Distrusted(Reason::Silent).reason(),
+            Some(Reason::Silent)
+        );
         assert_eq!(SourceState::Trusted.label(), "trusted");
     }
 }

@@ -24,10 +24,9 @@ use futures::StreamExt;
 use zeromq::util::PeerIdentity;
 use zeromq::{Endpoint, Host, Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
 
-use super::apply::apply_and_publish;
+use super::apply::{apply_and_publish, decode};
 use super::hub::{EndpointEvents, Shared};
 use super::state::Reason;
-use super::wire::{decode_message, WireError};
 
 /// The endpoints a socket feeds, with their topics.
 #[derive(Debug, Default)]
@@ -99,7 +98,14 @@ pub(crate) async fn start_bind(
     tracing::info!(endpoint = %shown, "kv events: bound");
     let task = tokio::spawn(async move {
         let mut peers = HashMap::new();
-        receive(&mut socket, &mut monitor, &routes, &shared, Some(&mut peers)).await;
+        receive(
+            &mut socket,
+            &mut monitor,
+            &routes,
+            &shared,
+            Some(&mut peers),
+        )
+        .await;
     });
     Ok((task, shown))
 }
@@ -176,18 +182,10 @@ fn deliver(message: ZmqMessage, routes: &ArcSwap<Routes>, shared: &Shared) {
         shared.count_unrouted();
         return;
     };
-    let decoded = decode_message(&frames).map_err(|e: WireError| {
-        let seq = match &frames[..] {
-            [_, seq, _] if seq.len() == 8 => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(seq);
-                Some((u64::from_be_bytes(b), 0))
-            }
-            _ => None,
-        };
+    let decoded = decode(&frames);
+    if let Err((e, _)) = &decoded {
         tracing::debug!(endpoint = %ep.address(), "kv events: undecodable message: {e}");
-        (e, seq)
-    });
+    }
     let now = shared.clock.now_ms();
     let mut applier = ep.applier.lock();
     apply_and_publish(&mut applier, &ep.published, decoded, &shared.index, now);
@@ -219,6 +217,9 @@ mod tests {
         let single = Routes {
             endpoints: vec![(b"kv"[..].into(), a)],
         };
-        assert!(single.find(b"anything").is_some(), "a socket with one endpoint");
+        assert!(
+            single.find(b"anything").is_some(),
+            "a socket with one endpoint"
+        );
     }
 }

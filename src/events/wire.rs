@@ -361,14 +361,14 @@ fn field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError
                 },
             }
         }
-        "medium" => f.medium = if r.nil() { None } else { Some(medium(r.str()?)) },
-        "lora_name" => {
-            f.lora_name = if r.nil() {
+        "medium" => {
+            f.medium = if r.nil() {
                 None
             } else {
-                Some(r.str()?.into())
+                Some(medium(r.str()?))
             }
         }
+        "lora_name" => f.lora_name = if r.nil() { None } else { Some(r.str()?.into()) },
         "extra_keys" => f.extra_keys = if r.nil() { None } else { Some(extra_keys(r)?) },
         "group_idx" => f.group_idx = opt_u32(r, "group_idx")?,
         _ => r.skip()?,

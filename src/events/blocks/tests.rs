@@ -66,13 +66,20 @@ fn engine_blocks_of_128_tokens_become_the_same_chain_the_router_hashes_in_16s() 
     let mut t = table(16);
     let tokens: Vec<u32> = (1000..1512).collect();
     // Three engine blocks in one event, then a fourth as a child in another.
-    let a = t.store(&stored(&[11, 12, 13], None, &tokens[..384], 128), EP, &index);
+    let a = t.store(
+        &stored(&[11, 12, 13], None, &tokens[..384], 128),
+        EP,
+        &index,
+    );
     let b = t.store(&stored(&[14], Some(13), &tokens[384..], 128), EP, &index);
     assert_eq!((a.mapped, b.mapped), (3, 1));
     let expected = ours(&plain(), 16, &tokens);
     assert_eq!(expected.len(), 32);
     let m = held(&index, &expected);
-    assert_eq!((m.blocks, m.confirmed_blocks, m.offloaded_blocks), (32, 32, 0));
+    assert_eq!(
+        (m.blocks, m.confirmed_blocks, m.offloaded_blocks),
+        (32, 32, 0)
+    );
     assert_eq!(t.len(), 4);
     // Removing the tail engine block drops exactly its 8 blocks of ours.
     t.remove(&removed(&[14], Medium::Gpu), EP, &index);
@@ -136,7 +143,11 @@ fn copies_are_counted_and_media_removed_one_at_a_time() {
     for (i, (medium, (blocks, offloaded))) in steps.iter().enumerate() {
         let a = t.remove(&removed(&[7], *medium), EP, &index);
         let m = held(&index, &h);
-        assert_eq!((m.blocks, m.offloaded_blocks), (*blocks, *offloaded), "step {i}");
+        assert_eq!(
+            (m.blocks, m.offloaded_blocks),
+            (*blocks, *offloaded),
+            "step {i}"
+        );
         assert_eq!(a.unknown_removed, u64::from(i == 2), "step {i}");
     }
     assert_eq!(t.len(), 0);
@@ -152,7 +163,11 @@ fn an_engine_removal_erases_our_prediction_of_the_block_too() {
     t.store(&stored(&[1, 2], None, &tokens, 4), EP, &index);
     assert_eq!(held(&index, &h).confirmed_blocks, 2);
     t.remove(&removed(&[2], Medium::Gpu), EP, &index);
-    assert_eq!(held(&index, &h).blocks, 1, "the engine said block 2 is gone");
+    assert_eq!(
+        held(&index, &h).blocks,
+        1,
+        "the engine said block 2 is gone"
+    );
 }
 
 #[test]
@@ -180,20 +195,47 @@ fn namespaces_from_adapter_and_cache_salt_and_what_cannot_be_reproduced() {
             lora,
             2,
         ),
-        (None, None, Some(vec![Some(vec![key("s1")]), None]), salted, 2),
+        (
+            None,
+            None,
+            Some(vec![Some(vec![key("s1")]), None]),
+            salted,
+            2,
+        ),
         (
             Some("sql"),
             Some(1),
-            Some(vec![Some(vec![key("sql"), key("s1")]), Some(vec![key("sql")])]),
+            Some(vec![
+                Some(vec![key("sql"), key("s1")]),
+                Some(vec![key("sql")]),
+            ]),
             both,
             2,
         ),
         // A multimodal item ([identifier, offset]) in block 0: nothing maps.
-        (None, None, Some(vec![Some(vec![ExtraKey::Other]), None]), plain(), 0),
+        (
+            None,
+            None,
+            Some(vec![Some(vec![ExtraKey::Other]), None]),
+            plain(),
+            0,
+        ),
         // An adapter known only by id (old vLLM).
-        (None, Some(3), Some(vec![Some(vec![ExtraKey::Int(3)]), None]), plain(), 0),
+        (
+            None,
+            Some(3),
+            Some(vec![Some(vec![ExtraKey::Int(3)]), None]),
+            plain(),
+            0,
+        ),
         // A salt-like key on a later block is not a salt: block 1 on is opaque.
-        (None, None, Some(vec![None, Some(vec![key("s1")])]), plain(), 1),
+        (
+            None,
+            None,
+            Some(vec![None, Some(vec![key("s1")])]),
+            plain(),
+            1,
+        ),
     ];
     for (i, (lora_name, lora_id, extra_keys, ns, mapped)) in cases.into_iter().enumerate() {
         let (index, _) = index();
@@ -203,7 +245,11 @@ fn namespaces_from_adapter_and_cache_salt_and_what_cannot_be_reproduced() {
         ev.lora_id = lora_id;
         ev.extra_keys = extra_keys;
         let a = t.store(&ev, EP, &index);
-        assert_eq!((a.mapped, a.unmapped), (u64::from(mapped), u64::from(2 - mapped)), "case {i}");
+        assert_eq!(
+            (a.mapped, a.unmapped),
+            (u64::from(mapped), u64::from(2 - mapped)),
+            "case {i}"
+        );
         // Children continue the namespace, or stay opaque after an opaque block.
         let all: Vec<u32> = tokens.iter().copied().chain(60..64).collect();
         t.store(&stored(&[3], Some(2), &all[8..], 4), EP, &index);
@@ -248,7 +294,11 @@ fn withdraw_keeps_predictions_and_restore_puts_confirmed_blocks_back() {
     index.insert_predicted(EP, &h[..1]).unwrap();
     t.withdraw(EP, &index);
     let m = held(&index, &h);
-    assert_eq!((m.blocks, m.confirmed_blocks), (1, 0), "the prediction stays");
+    assert_eq!(
+        (m.blocks, m.confirmed_blocks),
+        (1, 0),
+        "the prediction stays"
+    );
     t.restore(EP, &index);
     assert_eq!(held(&index, &h).confirmed_blocks, 2);
     // A medium-only clear.

@@ -116,13 +116,19 @@ fn positional_encoding_with_old_short_and_new_long_forms() {
     else {
         panic!("unexpected {:?}", batch.events)
     };
-    assert_eq!((a.block_size, a.token_ids.len(), a.medium), (4, 8, Medium::Gpu));
+    assert_eq!(
+        (a.block_size, a.token_ids.len(), a.medium),
+        (4, 8, Medium::Gpu)
+    );
     assert_eq!((a.parent_block_hash, a.extra_keys.as_ref()), (None, None));
     assert_eq!(b.parent_block_hash, Some(6));
     assert_eq!(b.medium, Medium::Cpu);
     assert_eq!(b.group_idx, Some(1));
     assert_eq!(b.extra_keys, Some(vec![Some(vec![ExtraKey::Other])]));
-    assert_eq!((c.block_hashes.as_slice(), c.medium), (&[5u64][..], Medium::Gpu));
+    assert_eq!(
+        (c.block_hashes.as_slice(), c.medium),
+        (&[5u64][..], Medium::Gpu)
+    );
 }
 
 #[test]
@@ -130,7 +136,10 @@ fn map_batches_unknown_fields_and_byte_hashes() {
     let digest: Vec<u8> = (0u8..32).collect();
     let stored = V::Map(vec![
         ("novel".into(), arr(vec![V::Nil, 1.into()])),
-        ("block_hashes".into(), arr(vec![V::Binary(digest.clone()), (-1i64).into()])),
+        (
+            "block_hashes".into(),
+            arr(vec![V::Binary(digest.clone()), (-1i64).into()]),
+        ),
         ("token_ids".into(), uints(&[1, 2])),
         ("block_size".into(), 1.into()),
         ("type".into(), "BlockStored".into()),
@@ -156,8 +165,14 @@ fn map_batches_unknown_fields_and_byte_hashes() {
 fn malformed_messages_are_errors_naming_what_is_wrong() {
     let ok = enc(&arr(vec![1.0.into(), arr(vec![]), 0.into()]));
     let cases: Vec<(Vec<Vec<u8>>, &str)> = vec![
-        (vec![vec![], 0u64.to_be_bytes().to_vec()], "expected 3 frames"),
-        (vec![vec![], vec![0; 4], ok.clone()], "sequence frame is 4 bytes"),
+        (
+            vec![vec![], 0u64.to_be_bytes().to_vec()],
+            "expected 3 frames",
+        ),
+        (
+            vec![vec![], vec![0; 4], ok.clone()],
+            "sequence frame is 4 bytes",
+        ),
         (vec![vec![], vec![0; 8], vec![0xc1]], "msgpack: expected"),
         (
             vec![vec![], vec![0; 8], enc(&arr(vec![1.0.into()]))],
@@ -197,19 +212,32 @@ fn malformed_messages_are_errors_naming_what_is_wrong() {
                 vec![0; 8],
                 enc(&arr(vec![
                     1.0.into(),
-                    arr(vec![arr(vec!["BlockStored".into(), uints(&[1]), V::Nil, uints(&[]), 0.into()])]),
+                    arr(vec![arr(vec![
+                        "BlockStored".into(),
+                        uints(&[1]),
+                        V::Nil,
+                        uints(&[]),
+                        0.into(),
+                    ])]),
                 ])),
             ],
             "block_size: must be > 0",
         ),
         (
-            vec![vec![], vec![0; 8], enc(&arr(vec![1.0.into(), arr(vec![arr(vec![])])]))],
+            vec![
+                vec![],
+                vec![0; 8],
+                enc(&arr(vec![1.0.into(), arr(vec![arr(vec![])])])),
+            ],
             "event: missing field type",
         ),
     ];
     for (frames, expected) in cases {
         let err = decode_message(&frames).unwrap_err().to_string();
-        assert!(err.starts_with(expected), "{err:?} should start with {expected:?}");
+        assert!(
+            err.starts_with(expected),
+            "{err:?} should start with {expected:?}"
+        );
     }
     let frames = [b"kv@x".to_vec(), 7u64.to_be_bytes().to_vec(), ok];
     let m = decode_message(&frames).unwrap();
