@@ -17,11 +17,16 @@
 //! - **Lossy restart** — sequence went back but not to 0: as a fresh start, `Partial(Restart)`.
 //! - **`AllBlocksCleared`** (every medium), in sequence: the engine's cache is empty, so the
 //!   endpoint is cleared and the view becomes complete: `Trusted`, whatever it was.
-//! - **Link lost** — the connection dropped, or the router sent work that should have stored
-//!   blocks and nothing came for `silence_timeout_ms`: confirmed blocks are withdrawn from the
-//!   index but the table is kept, and the state is `Distrusted`. The next batch decides: in
-//!   sequence, nothing was lost, so the table goes back into the index and the view is what it
-//!   was; otherwise the rules above.
+//! - **Disconnected** — the connection to the publisher dropped, most often because the
+//!   engine restarted (its in-flight requests, and what we predicted for them, are gone): the
+//!   endpoint's entries are cleared, predictions included, but the table is kept, and the state
+//!   is `Distrusted(Disconnected)`.
+//! - **Silent** — the router sent work that should have stored blocks and no message came for
+//!   `silence_timeout_ms` (the subscription broke while the engine works on): confirmed blocks
+//!   are withdrawn, predictions stay (they are all we have), the table is kept, and the state
+//!   is `Distrusted(Silent)`.
+//! - After either, the next batch decides: in sequence, nothing was lost, so the table goes
+//!   back into the index and the view is what it was; otherwise the rules above.
 //!
 //! A `Partial` view becomes `Trusted` only at a fresh start or a full clear: after a gap there
 //! is no telling which blocks the engine still holds from before (a hot system prompt may stay
@@ -132,15 +137,24 @@ impl Applier {
         }
     }
 
-    /// Events stopped reaching us (`Disconnected` or `Silent`): withdraw confirmed blocks, keep
-    /// the table for the next batch to restore.
+    /// Events stopped reaching us: on `Disconnected` clear the endpoint's entries, otherwise
+    /// withdraw its confirmed blocks; keep the table for the next batch to restore.
     pub(crate) fn link_lost(&mut self, reason: Reason, index: &OwnershipIndex) {
         if self.link.is_some() {
             return;
         }
         self.link = Some(reason);
-        self.blocks.withdraw(self.ep, index);
+        match reason {
+            Reason::Disconnected => index.clear_endpoint(self.ep),
+            _ => self.blocks.withdraw(self.ep, index),
+        }
         self.counters.withdrawals += 1;
+    }
+
+    /// The stream is being replaced (reload): what it confirmed goes, predictions stay.
+    pub(crate) fn retire(&mut self, index: &OwnershipIndex) {
+        self.blocks.withdraw(self.ep, index);
+        self.blocks.clear();
     }
 
     /// Something outside the stream (health checks, metrics) saw the engine restart: its cache

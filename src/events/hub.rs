@@ -303,7 +303,7 @@ impl KvEvents {
                 .and_then(Option::as_ref)
                 .is_some_and(|e| Arc::ptr_eq(e, old_ep));
             if !kept {
-                old_ep.link_lost(Reason::Disconnected, shared);
+                old_ep.applier.lock().retire(&shared.index);
             }
         }
         inner.by_id.store(Arc::new(by_id));

@@ -42,7 +42,10 @@
 //! engine block (its prefix is longer, in whole engine blocks, than what the index showed
 //! confirmed there) and no message at all has arrived for `kv_events.silence_timeout_ms` since.
 //! Its confirmed blocks are then withdrawn (predictions stay) until the next message, which
-//! restores them when its sequence shows nothing was lost.
+//! restores them when its sequence shows nothing was lost. A dropped connection (in connect
+//! mode; in bind mode, the publishers on that IP) is most often a restarted engine, so it clears
+//! the endpoint's entries, predictions included; the next batch restores the confirmed ones if
+//! its sequence shows nothing was lost.
 
 mod apply;
 mod blocks;

@@ -272,10 +272,12 @@ fn overflow_resets_the_table() {
 }
 
 #[test]
-fn a_gap_keeps_predictions_and_a_restart_drops_them() {
+fn a_gap_or_silence_keeps_predictions_and_a_restart_or_disconnect_drops_them() {
     for (steps, kept) in [
         (vec![batch(0), batch(2)], true),
         (vec![batch(0), batch(1), batch_tagged(0, 9)], false),
+        (vec![batch(0), Step::LinkLost(Reason::Silent)], true),
+        (vec![batch(0), Step::LinkLost(Reason::Disconnected)], false),
     ] {
         let index = index();
         let mut a = applier(1 << 20);
@@ -285,8 +287,13 @@ fn a_gap_keeps_predictions_and_a_restart_drops_them() {
                 // Made after the fresh start, before what follows.
                 index.insert_predicted(EP, &[predicted]).unwrap();
             }
-            let Step::Batch { seq, tag, .. } = step else {
-                unreachable!()
+            let (seq, tag) = match step {
+                Step::Batch { seq, tag, .. } => (seq, tag),
+                Step::LinkLost(r) => {
+                    a.link_lost(r, &index);
+                    continue;
+                }
+                _ => unreachable!(),
             };
             a.on_message(
                 Ok(Message {
