@@ -19,14 +19,16 @@
 //!   endpoint is cleared and the view becomes complete: `Trusted`, whatever it was.
 //! - **Disconnected** — the connection to the publisher dropped, most often because the
 //!   engine restarted (its in-flight requests, and what we predicted for them, are gone): the
-//!   endpoint's entries are cleared, predictions included, but the table is kept, and the state
-//!   is `Distrusted(Disconnected)`.
+//!   endpoint's entries are cleared, predictions included, and so is the table, and the state
+//!   is `Distrusted(Disconnected)`. The next batch is judged as a first one: sequence 0 is a
+//!   fresh start, anything else `Partial(Disconnected)`. (Restoring on a sequence that merely
+//!   continues ours is unsafe: a restarted publisher whose first batches were lost while we
+//!   reconnected can reach exactly our next number.)
 //! - **Silent** — the router sent work that should have stored blocks and no message came for
 //!   `silence_timeout_ms` (the subscription broke while the engine works on): confirmed blocks
 //!   are withdrawn, predictions stay (they are all we have), the table is kept, and the state
-//!   is `Distrusted(Silent)`.
-//! - After either, the next batch decides: in sequence, nothing was lost, so the table goes
-//!   back into the index and the view is what it was; otherwise the rules above.
+//!   is `Distrusted(Silent)`. The next batch decides: in sequence, nothing was lost, so the
+//!   table goes back into the index and the view is what it was; otherwise the rules above.
 //!
 //! A `Partial` view becomes `Trusted` only at a fresh start or a full clear: after a gap there
 //! is no telling which blocks the engine still holds from before (a hot system prompt may stay
@@ -88,6 +90,9 @@ pub(crate) struct Applier {
     /// Next expected sequence per data-parallel rank.
     expected: Vec<(u32, u64)>,
     view: View,
+    /// What a first batch that is not sequence 0 means: we joined a running stream, or came
+    /// back to one after a disconnect.
+    rejoin: Reason,
     /// Why events cannot reach us right now, if they cannot.
     link: Option<Reason>,
     max_engine_blocks: usize,
@@ -108,6 +113,7 @@ impl Applier {
             blocks: EngineBlocks::new(rehash),
             expected: Vec::new(),
             view: View::Empty,
+            rejoin: Reason::Joined,
             link: Some(Reason::Connecting),
             max_engine_blocks,
             group_idx,
@@ -137,17 +143,27 @@ impl Applier {
         }
     }
 
-    /// Events stopped reaching us: on `Disconnected` clear the endpoint's entries, otherwise
-    /// withdraw its confirmed blocks; keep the table for the next batch to restore.
+    /// Events stopped reaching us: on `Disconnected` clear the endpoint and start over (the
+    /// next batch is judged as a first one); otherwise withdraw its confirmed blocks and keep
+    /// the table for the next batch to restore.
     pub(crate) fn link_lost(&mut self, reason: Reason, index: &OwnershipIndex) {
+        if reason == Reason::Disconnected {
+            if self.link != Some(Reason::Disconnected) {
+                self.counters.withdrawals += 1;
+            }
+            index.clear_endpoint(self.ep);
+            self.blocks.clear();
+            self.expected.clear();
+            self.view = View::Empty;
+            self.rejoin = Reason::Disconnected;
+            self.link = Some(reason);
+            return;
+        }
         if self.link.is_some() {
             return;
         }
         self.link = Some(reason);
-        match reason {
-            Reason::Disconnected => index.clear_endpoint(self.ep),
-            _ => self.blocks.withdraw(self.ep, index),
-        }
+        self.blocks.withdraw(self.ep, index);
         self.counters.withdrawals += 1;
     }
 
@@ -165,6 +181,7 @@ impl Applier {
         self.blocks.clear();
         self.expected.clear();
         self.view = View::Empty;
+        self.rejoin = Reason::Restart;
         self.link = Some(Reason::Restart);
     }
 
@@ -215,7 +232,7 @@ impl Applier {
                 // The engine ran before we listened; or another data-parallel rank appeared,
                 // whose cache was empty if it starts at 0.
                 if seq != 0 && matches!(self.view, View::Empty | View::Complete) {
-                    self.view = View::Partial(Reason::Joined);
+                    self.view = View::Partial(self.rejoin);
                 } else if self.view == View::Empty {
                     self.view = View::Complete;
                 }
@@ -250,6 +267,7 @@ impl Applier {
     }
 
     fn fresh_start(&mut self, index: &OwnershipIndex) {
+        self.rejoin = Reason::Joined;
         index.clear_endpoint(self.ep);
         self.blocks.clear();
         self.view = View::Complete;

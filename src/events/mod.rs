@@ -44,8 +44,7 @@
 //! Its confirmed blocks are then withdrawn (predictions stay) until the next message, which
 //! restores them when its sequence shows nothing was lost. A dropped connection (in connect
 //! mode; in bind mode, the publishers on that IP) is most often a restarted engine, so it clears
-//! the endpoint's entries, predictions included; the next batch restores the confirmed ones if
-//! its sequence shows nothing was lost.
+//! the endpoint's entries, predictions included, and the next batch starts over.
 
 mod apply;
 mod blocks;

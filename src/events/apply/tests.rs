@@ -146,7 +146,8 @@ fn trust_state_machine() {
         tag: seq,
         before: vec![Event::Cleared { medium: None }],
     };
-    let cases: Vec<(&str, Vec<Step>, SourceState, Vec<u64>)> = vec![
+    let cases: Vec<(&str, Vec<Step>, SourceState, Vec<u64>)> =
+        vec![
         ("nothing yet", vec![], Distrusted(Connecting), vec![]),
         (
             "connected, no batch",
@@ -197,7 +198,7 @@ fn trust_state_machine() {
             vec![],
         ),
         (
-            "disconnected, then in sequence: restored",
+            "disconnected, then a batch continuing our sequence: not trusted to be the same run",
             vec![
                 batch(0),
                 batch(1),
@@ -205,6 +206,18 @@ fn trust_state_machine() {
                 Step::Connected,
                 batch(2),
             ],
+            Partial(Disconnected),
+            vec![2],
+        ),
+        (
+            "disconnected, then the restarted publisher's first batch",
+            vec![batch(0), batch(1), Step::LinkLost(Disconnected), batch_tagged(0, 54)],
+            Trusted,
+            vec![54],
+        ),
+        (
+            "silent, then in sequence: restored",
+            vec![batch(0), batch(1), Step::LinkLost(Silent), batch(2)],
             Trusted,
             vec![1, 2, 1000],
         ),
@@ -227,7 +240,7 @@ fn trust_state_machine() {
         ),
         (
             "a joined view stays partial across a restored link",
-            vec![batch(3), Step::LinkLost(Disconnected), batch(4)],
+            vec![batch(3), Step::LinkLost(Silent), batch(4)],
             Partial(Joined),
             vec![3, 4],
         ),
