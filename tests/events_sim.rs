@@ -253,7 +253,7 @@ async fn after_a_request_the_index_holds_exactly_the_engines_full_blocks() {
             64,
             "the engine hit the shared prefix"
         );
-        let whole = (124 / engine_bs * engine_bs / 16) as u32;
+        let whole = 124 / engine_bs * engine_bs / 16;
         eventually("the extension", || f.held(0, &longer).blocks == whole).await;
         assert_eq!(f.settled(0, ratio).await, 6 + whole as usize - 4);
     }
