@@ -2,16 +2,19 @@
 //! workload whose replicas' caches are under eviction pressure.
 //!
 //! Four simulated A100-class replicas (in process, `time_scale` 10, small KV caches) publish KV
-//! events over loopback ZMQ. Routed requests are one of 32 shared 1024-token prefixes (Zipf
-//! popularity) plus a unique 128-token suffix; background traffic that bypasses the router
-//! sends unique 2048-token prompts straight to random replicas, evicting what it displaces.
+//! events over loopback ZMQ. Requests are one of 48 shared 1024-token prefixes (Zipf
+//! popularity) plus a unique 128-token suffix, spread over two router instances (as when the
+//! router runs beside each gateway replica: neither sees the other's decisions); background
+//! traffic that bypasses both sends unique 2048-token prompts straight to random replicas,
+//! evicting what it displaces. The prefixes alone need about 77% of the fleet's KV blocks.
 //! Both modes route with the same rule, minimum (in-flight prompt tokens + uncached prompt
-//! tokens), and differ only in where the match comes from:
+//! tokens, each router counting its own in-flight requests), and differ only in where the match
+//! comes from:
 //!
-//! - `predictions`: an index fed only with our own routing decisions (TTL 120 s, capacity per
-//!   endpoint = the engine's KV blocks, as `vllm:cache_config_info` would give);
-//! - `precise`: the index fed by the engines' KV events ([`KvEvents`]), predictions bridging
-//!   the event lag ([`KvEvents::record_routed`]).
+//! - `predictions`: each router's index is fed only with its own routing decisions (TTL 120 s,
+//!   capacity per endpoint = the engine's KV blocks, as `vllm:cache_config_info` would give);
+//! - `precise`: each router's index is fed by the engines' KV events ([`KvEvents`]),
+//!   predictions bridging the event lag ([`KvEvents::record_routed`]).
 //!
 //! Not a microbenchmark (no criterion): it prints one table. TTFTs are simulated time (observed
 //! x `time_scale`). `cargo bench --bench events_ttft`
@@ -40,16 +43,19 @@ const REPLICAS: usize = 4;
 const TIME_SCALE: f64 = 10.0;
 /// KV blocks per replica (16 tokens each), null block included.
 const GPU_BLOCKS: u32 = 1_000;
-const PREFIXES: usize = 32;
+const PREFIXES: usize = 48;
+/// Router instances sharing the traffic.
+const ROUTERS: usize = 2;
 const PREFIX_TOKENS: usize = 1_024;
 const SUFFIX_TOKENS: usize = 128;
 const BYPASS_TOKENS: usize = 2_048;
 /// Simulated seconds of arrivals.
 const DURATION_S: f64 = 60.0;
-/// Routed requests per simulated second (all replicas).
-const ROUTED_RATE: f64 = 24.0;
+/// Routed requests per simulated second (all routers), one run each; `EVENTS_TTFT_RATE=r`
+/// runs only `r`.
+const ROUTED_RATES: [f64; 4] = [16.0, 24.0, 32.0, 40.0];
 /// Bypass requests per simulated second (all replicas).
-const BYPASS_RATE: f64 = 2.0;
+const BYPASS_RATE: f64 = 1.0;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -67,19 +73,21 @@ struct Router {
     index: Arc<OwnershipIndex>,
     events: Option<KvEvents>,
     ids: Vec<EndpointId>,
-    inflight_tokens: Vec<AtomicU64>,
+    /// Prompt tokens this router sent each replica that it believes uncached and whose first
+    /// token has not come back yet: its estimate of the replica's prefill queue.
+    pending_prefill: Vec<AtomicU64>,
 }
 
 impl Router {
-    /// Minimum (in-flight prompt tokens + uncached prompt tokens); ties to the lower index.
-    fn pick(&self, hashes: &[u64], prompt_tokens: u64) -> (usize, u32) {
+    /// Minimum (pending prefill tokens + this prompt's uncached tokens), the predicted TTFT in
+    /// token units; ties to the lower index. Returns the pick, its confirmed blocks and its
+    /// uncached tokens.
+    fn pick(&self, hashes: &[u64], prompt_tokens: u64) -> (usize, u32, u64) {
         let matches = self.index.lookup(hashes, &self.ids);
-        let cost = |i: usize| {
-            let uncached = prompt_tokens.saturating_sub(u64::from(matches[i].blocks) * 16);
-            self.inflight_tokens[i].load(Ordering::Relaxed) + uncached
-        };
+        let uncached = |i: usize| prompt_tokens.saturating_sub(u64::from(matches[i].blocks) * 16);
+        let cost = |i: usize| self.pending_prefill[i].load(Ordering::Relaxed) + uncached(i);
         let best = (0..self.ids.len()).min_by_key(|&i| cost(i)).unwrap();
-        (best, matches[best].confirmed_blocks)
+        (best, matches[best].confirmed_blocks, uncached(best))
     }
 
     fn record(&self, i: usize, hashes: &[u64], confirmed: u32) {
@@ -97,7 +105,7 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(1_000..30_000)).collect()
 }
 
-async fn fleet(mode: Mode) -> (Vec<Sim>, Router) {
+async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
     let mut sims = Vec::new();
     let mut endpoints = String::new();
@@ -125,36 +133,46 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Router) {
         GPU_BLOCKS - 1
     );
     let mut config = Config::parse_and_validate(&yaml, "bench").unwrap();
-    let index = Arc::new(OwnershipIndex::new(
-        IndexOptions::from(&config.cache_index),
-        Arc::clone(&clock),
-    ));
-    let interner = Arc::new(EndpointInterner::new());
-    let ids: Vec<EndpointId> = addresses.iter().map(|a| interner.intern(*a)).collect();
     if mode == Mode::Predictions {
         for ep in &mut config.pools[0].endpoints {
             ep.kv_events = None;
         }
     }
-    let events = match mode {
-        Mode::Predictions => None,
-        Mode::Precise => Some(
-            KvEvents::start(
-                &config,
-                &kvrouter::prefix::TokenizerRegistry::empty(),
-                Arc::clone(&index),
-                interner,
-                clock,
-            )
-            .await
-            .unwrap(),
-        ),
-    };
-    if let Some(events) = &events {
-        // Drop the (empty) caches until a clear gets through each subscription.
+    let mut routers = Vec::new();
+    for _ in 0..ROUTERS {
+        let index = Arc::new(OwnershipIndex::new(
+            IndexOptions::from(&config.cache_index),
+            Arc::clone(&clock),
+        ));
+        let interner = Arc::new(EndpointInterner::new());
+        let ids: Vec<EndpointId> = addresses.iter().map(|a| interner.intern(*a)).collect();
+        let events = match mode {
+            Mode::Predictions => None,
+            Mode::Precise => Some(
+                KvEvents::start(
+                    &config,
+                    &kvrouter::prefix::TokenizerRegistry::empty(),
+                    Arc::clone(&index),
+                    interner,
+                    Arc::clone(&clock),
+                )
+                .await
+                .unwrap(),
+            ),
+        };
+        routers.push(Router {
+            index,
+            events,
+            pending_prefill: (0..REPLICAS).map(|_| AtomicU64::new(0)).collect(),
+            ids,
+        });
+    }
+    // Drop the (empty) caches until a clear gets through every subscription.
+    for r in &routers {
+        let Some(events) = &r.events else { continue };
         for (i, sim) in sims.iter().enumerate() {
             let start = Instant::now();
-            while events.source_state(ids[i]) != SourceState::Trusted {
+            while events.source_state(r.ids[i]) != SourceState::Trusted {
                 assert!(
                     start.elapsed() < Duration::from_secs(15),
                     "no events from r{i}"
@@ -164,13 +182,7 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Router) {
             }
         }
     }
-    let router = Router {
-        index,
-        events,
-        inflight_tokens: (0..REPLICAS).map(|_| AtomicU64::new(0)).collect(),
-        ids,
-    };
-    (sims, router)
+    (sims, routers)
 }
 
 #[derive(Default)]
@@ -180,10 +192,10 @@ struct Outcome {
     cached_tokens: u64,
 }
 
-async fn run(mode: Mode) -> Outcome {
-    let (sims, router) = fleet(mode).await;
+async fn run(mode: Mode, rate: f64) -> Outcome {
+    let (sims, routers) = fleet(mode).await;
     let sims = Arc::new(sims);
-    let router = Arc::new(router);
+    let routers: Vec<Arc<Router>> = routers.into_iter().map(Arc::new).collect();
     let hasher = BlockHasher::new(&Namespace::new("m", None, None), 16);
     let prefixes: Arc<Vec<Vec<u32>>> = Arc::new(
         (0..PREFIXES)
@@ -199,7 +211,7 @@ async fn run(mode: Mode) -> Outcome {
     let mut n = 0u64;
     loop {
         // Exponential inter-arrival times, in simulated seconds.
-        let next_routed = t_routed - (1.0 - rng.random::<f64>()).ln() / ROUTED_RATE;
+        let next_routed = t_routed - (1.0 - rng.random::<f64>()).ln() / rate;
         let next_bypass = t_bypass - (1.0 - rng.random::<f64>()).ln() / BYPASS_RATE;
         let routed = next_routed <= next_bypass;
         let at = if routed { next_routed } else { next_bypass };
@@ -213,11 +225,8 @@ async fn run(mode: Mode) -> Outcome {
         }
         n += 1;
         let when = start + Duration::from_secs_f64(at / TIME_SCALE);
-        let (sims, router, prefixes) = (
-            Arc::clone(&sims),
-            Arc::clone(&router),
-            Arc::clone(&prefixes),
-        );
+        let router = Arc::clone(&routers[n as usize % ROUTERS]);
+        let (sims, prefixes) = (Arc::clone(&sims), Arc::clone(&prefixes));
         if routed {
             let mut pick = rng.random::<f64>() * zipf_total;
             let mut p = 0;
@@ -234,17 +243,14 @@ async fn run(mode: Mode) -> Outcome {
                 tokio::time::sleep_until(when).await;
                 let hashes = hasher.hash_tokens(&prompt, usize::MAX);
                 let len = prompt.len() as u64;
-                let (i, confirmed) = router.pick(&hashes, len);
+                let (i, confirmed, uncached) = router.pick(&hashes, len);
                 router.record(i, &hashes, confirmed);
-                router.inflight_tokens[i].fetch_add(len, Ordering::Relaxed);
-                let body = sim_support::tokens_body(&prompt, 16);
-                let s = sim_support::stream(&sims[i].app, "/v1/completions", body).await;
-                router.inflight_tokens[i].fetch_sub(len, Ordering::Relaxed);
-                Some((
-                    s.ttft.as_secs_f64() * 1e3 * TIME_SCALE,
-                    len,
-                    s.cached_tokens(),
-                ))
+                router.pending_prefill[i].fetch_add(uncached, Ordering::Relaxed);
+                let (ttft, cached) = stream(&sims[i].app, &prompt, || {
+                    router.pending_prefill[i].fetch_sub(uncached, Ordering::Relaxed);
+                })
+                .await;
+                Some((ttft.as_secs_f64() * 1e3 * TIME_SCALE, len, cached))
             }));
         } else {
             let target = rng.random_range(0..REPLICAS);
@@ -265,12 +271,61 @@ async fn run(mode: Mode) -> Outcome {
             out.cached_tokens += cached;
         }
     }
-    if let Some(events) = &router.events {
+    if let Some(events) = &routers[0].events {
         for s in events.status() {
-            eprintln!("  {:?}: {:?} {:?}", s.address, s.state, s.counters);
+            let c = s.counters;
+            eprintln!(
+                "  {} {:?}: {} messages, {} blocks stored, {} removed, {} gaps",
+                s.address, s.state, c.messages, c.blocks_mapped, c.blocks_removed, c.gaps
+            );
         }
     }
     out
+}
+
+/// Streams a completion of `prompt` from `app`; calls `first_token` when the first token
+/// arrives. Returns the time to it and the request's `cached_tokens`.
+async fn stream(app: &axum::Router, prompt: &[u32], first_token: impl FnOnce()) -> (Duration, u64) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut body = sim_support::tokens_body(prompt, 16);
+    body["stream"] = true.into();
+    let mut req = axum::http::Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [127, 0, 0, 1],
+            40000,
+        ))));
+    let start = Instant::now();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let mut body = resp.into_body();
+    let (mut ttft, mut first_token, mut text) = (None, Some(first_token), String::new());
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame.unwrap().data_ref() {
+            let s = std::str::from_utf8(data).unwrap();
+            if ttft.is_none() && s.contains("\"text\":") {
+                ttft = Some(start.elapsed());
+                if let Some(f) = first_token.take() {
+                    f();
+                }
+            }
+            text.push_str(s);
+        }
+    }
+    if let Some(f) = first_token.take() {
+        f();
+    }
+    let usage = text
+        .split("data: ")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+        .filter_map(|v| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64())
+        .last()
+        .unwrap_or(0);
+    (ttft.unwrap_or_else(|| start.elapsed()), usage)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -284,23 +339,34 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!(
-        "{:<12} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9}",
-        "mode", "requests", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "hit_rate"
+    let rates: Vec<f64> = match std::env::var("EVENTS_TTFT_RATE") {
+        Ok(r) => vec![r.parse().expect("EVENTS_TTFT_RATE is a number")],
+        Err(_) => ROUTED_RATES.to_vec(),
+    };
+    eprintln!(
+        "{REPLICAS} replicas x {} KV blocks, {ROUTERS} routers, {PREFIXES} prefixes of {PREFIX_TOKENS} tokens + {SUFFIX_TOKENS}, bypass {BYPASS_RATE}/s x {BYPASS_TOKENS} tokens, {DURATION_S} s",
+        GPU_BLOCKS - 1
     );
-    for mode in [Mode::Predictions, Mode::Precise] {
-        let mut o = rt.block_on(run(mode));
-        o.ttft_ms.sort_by(f64::total_cmp);
-        let mean = o.ttft_ms.iter().sum::<f64>() / o.ttft_ms.len() as f64;
-        println!(
-            "{:<12} {:>8} {:>8.0}ms {:>8.0}ms {:>8.0}ms {:>8.0}ms {:>8.1}%",
-            format!("{mode:?}").to_lowercase(),
-            o.ttft_ms.len(),
-            percentile(&o.ttft_ms, 0.5),
-            percentile(&o.ttft_ms, 0.9),
-            percentile(&o.ttft_ms, 0.99),
-            mean,
-            100.0 * o.cached_tokens as f64 / o.prompt_tokens as f64,
-        );
+    println!(
+        "{:>6} {:<12} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9}",
+        "rate", "mode", "requests", "ttft_p50", "ttft_p90", "ttft_p99", "ttft_mean", "hit_rate"
+    );
+    for rate in rates {
+        for mode in [Mode::Predictions, Mode::Precise] {
+            let mut o = rt.block_on(run(mode, rate));
+            o.ttft_ms.sort_by(f64::total_cmp);
+            let mean = o.ttft_ms.iter().sum::<f64>() / o.ttft_ms.len() as f64;
+            println!(
+                "{:>4}/s {:<12} {:>8} {:>8.0}ms {:>8.0}ms {:>8.0}ms {:>8.0}ms {:>8.1}%",
+                rate,
+                format!("{mode:?}").to_lowercase(),
+                o.ttft_ms.len(),
+                percentile(&o.ttft_ms, 0.5),
+                percentile(&o.ttft_ms, 0.9),
+                percentile(&o.ttft_ms, 0.99),
+                mean,
+                100.0 * o.cached_tokens as f64 / o.prompt_tokens as f64,
+            );
+        }
     }
 }
