@@ -13,6 +13,7 @@
 //!   applying batches to the index.
 //! - `subscriber`: the ZMQ SUB sockets (connect per endpoint, or one bound socket shared by
 //!   many publishers told apart by topic) and their tasks.
+//! - `endpoint`: one endpoint's stream (published state, applier behind a lock).
 //! - `hub`: [`KvEvents`], built from config, with the request path's queries
 //!   ([`KvEvents::source_state`], [`KvEvents::record_routed`]) and silence detection.
 //! - [`weighted_blocks`]: a match weighed by where the engine holds its blocks.
@@ -48,6 +49,7 @@
 
 mod apply;
 mod blocks;
+mod endpoint;
 mod hub;
 mod msgpack;
 mod state;

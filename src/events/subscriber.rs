@@ -25,7 +25,7 @@ use zeromq::util::PeerIdentity;
 use zeromq::{Endpoint, Host, Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
 
 use super::apply::{apply_and_publish, decode};
-use super::hub::{EndpointEvents, Shared};
+use super::endpoint::{EndpointEvents, Shared};
 use super::state::Reason;
 
 /// The endpoints a socket feeds, with their topics.
