@@ -3,7 +3,8 @@
 //! then memory of the index plus the engine-block tables at 1M blocks x 16 endpoints, measured
 //! with a counting allocator.
 //!
-//! `cargo bench --bench events` (memory only: `cargo bench --bench events -- memory`)
+//! `cargo bench --bench events` (memory only: `cargo bench --bench events -- memory`). Under
+//! `cargo test` (no `--bench` argument) every case runs once at a small size, as a smoke test.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -134,7 +135,14 @@ fn steady_stream(
     (out, 2 * blocks.max(1))
 }
 
+/// True under `cargo bench`; false under `cargo test`, which runs benches once as tests.
+fn benching() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 fn bench_ingest(c: &mut Criterion) {
+    // Engine blocks stored per steady-state run (half of them held at a time).
+    let stored_blocks = if benching() { 40_000 } else { 2_000 };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -155,9 +163,8 @@ fn bench_ingest(c: &mut Criterion) {
     let mut g = c.benchmark_group("ingest_steady_state");
     g.sample_size(10).measurement_time(Duration::from_secs(6));
     for (engine_bs, blocks) in [(16u32, 4usize), (16, 32), (128, 1), (128, 4)] {
-        // 40k engine blocks stored, 20k held in steady state.
-        let steps = 40_000 / blocks;
-        let (stream, per_msg) = steady_stream(engine_bs, blocks, steps, 20_000 / blocks);
+        let steps = stored_blocks / blocks;
+        let (stream, per_msg) = steady_stream(engine_bs, blocks, steps, steps / 2);
         g.throughput(Throughput::Elements((steps * per_msg) as u64));
         g.bench_function(format!("engine_bs_{engine_bs}_x{blocks}_per_step"), |b| {
             b.iter_batched(
@@ -181,15 +188,15 @@ fn bench_ingest(c: &mut Criterion) {
 /// 16 endpoints: all endpoints holding the same 1M blocks (a fleet serving one corpus), and
 /// each holding its own 1M.
 fn memory(rt: &tokio::runtime::Runtime) {
-    const BLOCKS: usize = 1 << 20;
+    let blocks_per_endpoint: usize = if benching() { 1 << 20 } else { 1 << 10 };
     const CHAIN: usize = 64; // blocks per BlockStored (a 1k-token prompt)
     for shared in [true, false] {
         let before = LIVE_BYTES.load(Ordering::Relaxed);
-        let (events, index, ids) = hub(rt, 16, 2 * BLOCKS as u64);
+        let (events, index, ids) = hub(rt, 16, 2 * blocks_per_endpoint as u64);
         let started = Instant::now();
         for (e, &ep) in ids.iter().enumerate() {
             events.ingest(ep, &frames(0, &[KvEvent::AllBlocksCleared]));
-            for chain in 0..BLOCKS / CHAIN {
+            for chain in 0..blocks_per_endpoint / CHAIN {
                 let seed = if shared { chain } else { e << 32 | chain } as u64;
                 let stored = KvEvent::BlockStored {
                     block_hashes: (0..CHAIN as u64).map(|i| seed << 8 | i).collect(),
@@ -209,12 +216,13 @@ fn memory(rt: &tokio::runtime::Runtime) {
         let status = events.status();
         let tables: usize = status.iter().map(|s| s.table_bytes).sum();
         let engine_blocks: usize = status.iter().map(|s| s.engine_blocks).sum();
-        assert_eq!(stats.entries, 16 * BLOCKS);
-        assert_eq!(engine_blocks, 16 * BLOCKS);
+        assert_eq!(stats.entries, 16 * blocks_per_endpoint);
+        assert_eq!(engine_blocks, 16 * blocks_per_endpoint);
         println!(
-            "memory, 16 endpoints x 1M blocks ({}): {} entries, {} distinct blocks: {:.2} GiB measured \
+            "memory, 16 endpoints x {} blocks ({}): {} entries, {} distinct blocks: {:.2} GiB measured \
              ({:.1} B/entry); index stats() {:.2} GiB, engine tables {:.2} GiB (estimates); \
              ingested in {:.1} s ({:.2} M blocks/s)",
+            blocks_per_endpoint,
             if shared { "same blocks on all" } else { "distinct per endpoint" },
             stats.entries,
             stats.blocks,
@@ -223,7 +231,7 @@ fn memory(rt: &tokio::runtime::Runtime) {
             stats.heap_bytes as f64 / (1u64 << 30) as f64,
             tables as f64 / (1u64 << 30) as f64,
             elapsed.as_secs_f64(),
-            (16 * BLOCKS) as f64 / elapsed.as_secs_f64() / 1e6,
+            (16 * blocks_per_endpoint) as f64 / elapsed.as_secs_f64() / 1e6,
         );
         drop(events);
         drop(index);

@@ -17,7 +17,9 @@
 //!   predictions bridging the event lag ([`KvEvents::record_routed`]).
 //!
 //! Not a microbenchmark (no criterion): it prints one table. TTFTs are simulated time (observed
-//! x `time_scale`). `cargo bench --bench events_ttft`
+//! x `time_scale`). `cargo bench --bench events_ttft`; under `cargo test` (no `--bench`
+//! argument) it runs 3 simulated seconds at the lowest rate, as a smoke test whose numbers mean
+//! nothing (debug build).
 
 #[path = "../tests/sim_support/mod.rs"]
 mod sim_support;
@@ -49,7 +51,7 @@ const ROUTERS: usize = 2;
 const PREFIX_TOKENS: usize = 1_024;
 const SUFFIX_TOKENS: usize = 128;
 const BYPASS_TOKENS: usize = 2_048;
-/// Simulated seconds of arrivals.
+/// Simulated seconds of arrivals (3 under `cargo test`).
 const DURATION_S: f64 = 60.0;
 /// Routed requests per simulated second (all routers), one run each; `EVENTS_TTFT_RATE=r`
 /// runs only `r`.
@@ -192,7 +194,7 @@ struct Outcome {
     cached_tokens: u64,
 }
 
-async fn run(mode: Mode, rate: f64) -> Outcome {
+async fn run(mode: Mode, rate: f64, duration_s: f64) -> Outcome {
     let (sims, routers) = fleet(mode).await;
     let sims = Arc::new(sims);
     let routers: Vec<Arc<Router>> = routers.into_iter().map(Arc::new).collect();
@@ -215,7 +217,7 @@ async fn run(mode: Mode, rate: f64) -> Outcome {
         let next_bypass = t_bypass - (1.0 - rng.random::<f64>()).ln() / BYPASS_RATE;
         let routed = next_routed <= next_bypass;
         let at = if routed { next_routed } else { next_bypass };
-        if at > DURATION_S {
+        if at > duration_s {
             break;
         }
         if routed {
@@ -339,12 +341,15 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let benching = std::env::args().any(|a| a == "--bench");
+    let duration_s = if benching { DURATION_S } else { 3.0 };
     let rates: Vec<f64> = match std::env::var("EVENTS_TTFT_RATE") {
         Ok(r) => vec![r.parse().expect("EVENTS_TTFT_RATE is a number")],
-        Err(_) => ROUTED_RATES.to_vec(),
+        Err(_) if benching => ROUTED_RATES.to_vec(),
+        Err(_) => ROUTED_RATES[..1].to_vec(),
     };
     eprintln!(
-        "{REPLICAS} replicas x {} KV blocks, {ROUTERS} routers, {PREFIXES} prefixes of {PREFIX_TOKENS} tokens + {SUFFIX_TOKENS}, bypass {BYPASS_RATE}/s x {BYPASS_TOKENS} tokens, {DURATION_S} s",
+        "{REPLICAS} replicas x {} KV blocks, {ROUTERS} routers, {PREFIXES} prefixes of {PREFIX_TOKENS} tokens + {SUFFIX_TOKENS}, bypass {BYPASS_RATE}/s x {BYPASS_TOKENS} tokens, {duration_s} s",
         GPU_BLOCKS - 1
     );
     println!(
@@ -353,7 +358,7 @@ fn main() {
     );
     for rate in rates {
         for mode in [Mode::Predictions, Mode::Precise] {
-            let mut o = rt.block_on(run(mode, rate));
+            let mut o = rt.block_on(run(mode, rate, duration_s));
             o.ttft_ms.sort_by(f64::total_cmp);
             let mean = o.ttft_ms.iter().sum::<f64>() / o.ttft_ms.len() as f64;
             println!(
