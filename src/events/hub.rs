@@ -433,7 +433,10 @@ async fn check_silence(inner: Weak<Inner>) {
                     );
                 }
             }
-            Duration::from_millis((timeout / 4).clamp(50, 1000))
+            match timeout {
+                0 => Duration::from_secs(1),
+                t => Duration::from_millis((t / 4).clamp(50, 1000)),
+            }
         };
         tokio::time::sleep(tick).await;
     }
