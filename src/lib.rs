@@ -9,6 +9,8 @@
 //!   cache); raw text never leaves it.
 //! - [`index`]: which endpoints hold which prefix blocks (predictions and engine events), with
 //!   per-endpoint capacity and LRU eviction.
+//! - [`events`]: engines' KV events (vLLM's ZMQ publisher) decoded, re-hashed into the index,
+//!   and per endpoint how far they can be trusted.
 //! - [`discovery`]: the endpoint set, published as immutable snapshots; static, DNS and pluggable
 //!   sources.
 //! - [`load`]: per-endpoint load: in-flight accounting with RAII guards, scraped engine metrics,
@@ -32,6 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod discovery;
 pub mod envoyconf;
+pub mod events;
 pub mod extproc;
 pub mod health;
 pub mod index;

@@ -9,6 +9,7 @@
 
 mod discovery;
 mod health;
+mod kv_events;
 mod load;
 mod policy;
 mod validate;
@@ -21,6 +22,10 @@ use serde::{Deserialize, Serialize};
 
 pub use discovery::{DnsConfig, EngineKind};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
+pub use kv_events::{
+    check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
+    KvEventsSubscription, MediumWeights, ResolvedKvEvents,
+};
 pub use load::{LearningConfig, LoadConfig, ScrapeConfig};
 pub use policy::{
     CacheLoadScoreConfig, LeastLoadedConfig, PolicyConfig, PolicyName, PredictedTtftConfig,
@@ -56,6 +61,8 @@ pub struct Config {
     pub load: LoadConfig,
     /// Active probes, ejection and the circuit breaker.
     pub health: HealthConfig,
+    /// How engines' KV events are trusted (where they come from is per pool: `pools[].kv_events`).
+    pub kv_events: KvEventsConfig,
 }
 
 /// Debugging aids (off by default).
@@ -267,6 +274,8 @@ pub struct PoolConfig {
     /// resolves to, re-resolved periodically. A pool has `endpoints` or `dns`, not both; DNS
     /// endpoints take the pool's models, adapters and settings. Default: none.
     pub dns: Option<DnsConfig>,
+    /// Where the pool's engines publish KV events. Default: none (ownership from predictions).
+    pub kv_events: Option<KvEventsSubscription>,
 }
 
 /// One model replica.
@@ -298,6 +307,8 @@ pub struct EndpointConfig {
     /// for it. Default: the pool's, else `cache_index.default_capacity_blocks` blocks (until the
     /// replica's `vllm:cache_config_info` says).
     pub cache_capacity_tokens: Option<u64>,
+    /// This replica's own KV-event settings, overriding its pool's. Default: the pool's.
+    pub kv_events: Option<EndpointKvEvents>,
 }
 
 impl Default for EndpointConfig {
@@ -311,6 +322,7 @@ impl Default for EndpointConfig {
             drain: false,
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
+            kv_events: None,
         }
     }
 }

@@ -105,6 +105,7 @@ impl Config {
         self.validate_pools(&mut errors);
         self.load.validate(&mut errors);
         self.health.validate(&mut errors);
+        errors.0.extend(self.validate_kv_events());
         errors.0
     }
 

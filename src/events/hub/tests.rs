@@ -1,0 +1,251 @@
+//! The hub's request-path queries under paused time: silence detection, prediction TTLs and
+//! truncation, reload. Messages are fed with [`KvEvents::ingest`]; the one socket is bound on
+//! loopback port 0 and never used.
+
+use std::time::Duration;
+
+use super::*;
+use crate::index::{IndexOptions, TokioClock};
+use crate::prefix::{BlockHasher, Namespace};
+use crate::sim::kv_events::{encode_batch, KvEvent};
+
+const CONFIG: &str = r#"
+kv_events: {silence_timeout_ms: 1000, trusted_prediction_ttl_ms: 2000}
+cache_index: {prediction_ttl_ms: 60000}
+pools:
+  - name: a
+    models: [m]
+    kv_events: {bind: "tcp://127.0.0.1:0"}
+    endpoints:
+      - address: 127.0.0.1:9001
+"#;
+
+struct Fixture {
+    events: KvEvents,
+    index: Arc<OwnershipIndex>,
+    ep: EndpointId,
+    seq: u64,
+}
+
+impl Fixture {
+    async fn new(yaml: &str) -> Fixture {
+        let config = Config::parse_and_validate(yaml, "test").unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let index = Arc::new(OwnershipIndex::new(
+            IndexOptions::from(&config.cache_index),
+            Arc::clone(&clock),
+        ));
+        let interner = Arc::new(EndpointInterner::new());
+        let events = KvEvents::start(
+            &config,
+            &TokenizerRegistry::empty(),
+            Arc::clone(&index),
+            Arc::clone(&interner),
+            clock,
+        )
+        .await
+        .unwrap();
+        let ep = interner.intern("127.0.0.1:9001".parse().unwrap());
+        Fixture {
+            events,
+            index,
+            ep,
+            seq: 0,
+        }
+    }
+
+    /// Publishes one batch storing `tokens` as engine blocks of `engine_bs` (a fresh chain).
+    fn store(&mut self, tokens: &[u32], engine_bs: u32) {
+        let n = tokens.len() / engine_bs as usize;
+        let event = KvEvent::BlockStored {
+            block_hashes: (0..n as u64).map(|i| self.seq << 32 | i).collect(),
+            parent_block_hash: None,
+            token_ids: tokens[..n * engine_bs as usize].to_vec(),
+            block_size: engine_bs,
+            lora_id: None,
+            lora_name: None,
+            extra_keys: vec![None; n],
+        };
+        let frames = [
+            Vec::new(),
+            self.seq.to_be_bytes().to_vec(),
+            encode_batch(0.0, &[event], 0),
+        ];
+        assert!(self.events.ingest(self.ep, &frames));
+        self.seq += 1;
+    }
+
+    fn held(&self, hashes: &[u64]) -> crate::index::PrefixMatch {
+        self.index.lookup(hashes, &[self.ep])[0]
+    }
+}
+
+fn ours(tokens: &[u32]) -> Vec<u64> {
+    BlockHasher::new(&Namespace::new("m", None, None), 16).hash_tokens(tokens, usize::MAX)
+}
+
+/// Lets the silence checker run at the current (paused) time.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn silence_after_routed_work_withdraws_and_the_next_batch_restores() {
+    let mut f = Fixture::new(CONFIG).await;
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Distrusted(Reason::Connecting)
+    );
+    let a: Vec<u32> = (0..64).collect();
+    f.store(&a, 16);
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    assert_eq!(f.held(&ours(&a)).confirmed_blocks, 4);
+
+    // Idle for a long time: not suspicious.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    settle().await;
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+
+    // A fully cached request stores nothing new: still not suspicious.
+    f.events.record_routed(f.ep, &ours(&a), 4).unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+
+    // A request that should store blocks, and nothing comes.
+    let b: Vec<u32> = (100..164).collect();
+    f.events.record_routed(f.ep, &ours(&b), 0).unwrap();
+    tokio::time::advance(Duration::from_millis(900)).await;
+    settle().await;
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Distrusted(Reason::Silent),
+        "read as silent at once"
+    );
+    tokio::time::advance(Duration::from_millis(300)).await;
+    settle().await;
+    let m = f.held(&ours(&a));
+    assert_eq!(
+        (m.blocks, m.confirmed_blocks),
+        (0, 0),
+        "confirmed blocks withdrawn"
+    );
+    assert_eq!(f.held(&ours(&b)).blocks, 4, "the prediction stays");
+    assert_eq!(f.events.status()[0].counters.withdrawals, 1);
+
+    // The late batch arrives in sequence: nothing was lost, everything is back.
+    f.store(&b, 16);
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    assert_eq!(f.held(&ours(&a)).confirmed_blocks, 4);
+    assert_eq!(f.held(&ours(&b)).confirmed_blocks, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() {
+    let mut f = Fixture::new(CONFIG).await;
+    // Before any batch (distrusted): the full TTL, all blocks.
+    let p: Vec<u32> = (500..580).collect(); // 5 blocks of ours
+    f.events.record_routed(f.ep, &ours(&p), 0).unwrap();
+    assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(60));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(f.held(&ours(&p)).blocks, 5);
+
+    // Trusted, engine blocks of 32 tokens: 2 whole engine blocks = 4 of ours, 2 s.
+    f.store(&(0..64).collect::<Vec<u32>>(), 32);
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(2));
+    let q: Vec<u32> = (700..780).collect();
+    f.events.record_routed(f.ep, &ours(&q), 0).unwrap();
+    assert_eq!(
+        f.held(&ours(&q)).blocks,
+        4,
+        "the engine caches no partial block"
+    );
+    tokio::time::advance(Duration::from_millis(2001)).await;
+    assert_eq!(f.held(&ours(&q)).blocks, 0, "expired unconfirmed");
+    let status = &f.events.status()[0];
+    assert_eq!(status.engine_block_size_tokens, 32);
+    assert_eq!(status.engine_blocks, 2);
+    assert!(status.table_bytes > 0);
+
+    // An endpoint without a stream: the index's own TTL, untouched.
+    let other = 77;
+    assert_eq!(f.events.source_state(other), SourceState::Absent);
+    f.events.record_routed(other, &ours(&q), 0).unwrap();
+    assert_eq!(f.index.lookup(&ours(&q), &[other])[0].blocks, 5);
+    assert!(!f.events.ingest(other, &[b"", b"", b""]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_withdraws_removed_streams_and_restarts_changed_ones() {
+    let mut f = Fixture::new(CONFIG).await;
+    let a: Vec<u32> = (0..32).collect();
+    f.store(&a, 16);
+    let bound = f.events.bound_endpoints().await;
+    assert_eq!(bound.len(), 1);
+    assert!(bound[0].1.starts_with("tcp://127.0.0.1:"), "{bound:?}");
+
+    // Same config: the stream and its state are kept.
+    let same = Config::parse_and_validate(CONFIG, "t").unwrap();
+    f.events
+        .reload(&same, &TokenizerRegistry::empty())
+        .await
+        .unwrap();
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    assert_eq!(f.held(&ours(&a)).confirmed_blocks, 2);
+
+    // A different model: hashes would mean something else, so a fresh stream.
+    let changed = CONFIG.replace("models: [m]", "models: [m2]");
+    let changed = Config::parse_and_validate(&changed, "t").unwrap();
+    f.events
+        .reload(&changed, &TokenizerRegistry::empty())
+        .await
+        .unwrap();
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Distrusted(Reason::Connecting)
+    );
+    assert_eq!(f.held(&ours(&a)).blocks, 0);
+
+    // No subscription any more: absent, and no socket left.
+    let none = CONFIG.replace("    kv_events: {bind: \"tcp://127.0.0.1:0\"}\n", "");
+    let none = Config::parse_and_validate(&none, "t").unwrap();
+    f.events
+        .reload(&none, &TokenizerRegistry::empty())
+        .await
+        .unwrap();
+    assert_eq!(f.events.source_state(f.ep), SourceState::Absent);
+    assert!(f.events.bound_endpoints().await.is_empty());
+    assert!(f.events.status().is_empty());
+}
+
+#[tokio::test]
+async fn a_port_taken_by_another_socket_is_a_bind_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let yaml = CONFIG.replace("tcp://127.0.0.1:0", &format!("tcp://127.0.0.1:{port}"));
+    let config = Config::parse_and_validate(&yaml, "test").unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let index = Arc::new(OwnershipIndex::new(
+        IndexOptions::default(),
+        Arc::clone(&clock),
+    ));
+    let err = KvEvents::start(
+        &config,
+        &TokenizerRegistry::empty(),
+        index,
+        Arc::new(EndpointInterner::new()),
+        clock,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("kv events: cannot bind tcp://127.0.0.1:"),
+        "{err}"
+    );
+}
