@@ -60,6 +60,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let router = Arc::new(
         Router::new(config, Arc::clone(&metrics), &base_dir).context("cannot load the config")?,
     );
+    sync_kv_events(&router)
+        .await
+        .context("cannot start the KV-event subscriptions (kv_events)")?;
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -114,6 +117,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                                 &router.config(),
                                 Arc::clone(&resolver),
                             ));
+                            let router = Arc::clone(&router);
+                            tokio::spawn(async move {
+                                if let Err(e) = sync_kv_events(&router).await {
+                                    tracing::error!("config reload: {e}");
+                                }
+                            });
                         }
                         Err(e) => {
                             metrics.record_reload(false);
@@ -185,6 +194,29 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!("streams still open after 10 s; exiting");
     }
     Ok(())
+}
+
+/// Starts the engines' KV-event subscriptions the config asks for (the first time any does) or
+/// applies the config to the running ones. A socket that cannot bind is an error; the others
+/// run regardless.
+async fn sync_kv_events(router: &Router) -> Result<(), crate::events::EventsError> {
+    let config = router.config();
+    match router.events() {
+        Some(events) => events.reload(&config, &router.tokenizers()).await,
+        None if config.kv_event_subscriptions().is_empty() => Ok(()),
+        None => {
+            let events = crate::events::KvEvents::start(
+                &config,
+                &router.tokenizers(),
+                Arc::clone(router.index()),
+                Arc::clone(router.interner()),
+                Arc::new(crate::index::TokioClock::new()),
+            )
+            .await?;
+            router.attach_events(events);
+            Ok(())
+        }
+    }
 }
 
 fn write_eds(router: &Router) {

@@ -50,7 +50,10 @@ async fn readyz(State(admin): State<Admin>) -> Response {
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
-    let text = admin.router.metrics().render(&admin.router.endpoints());
+    let mut text = admin.router.metrics().render(&admin.router.endpoints());
+    if let Some(events) = admin.router.events() {
+        text.push_str(&crate::telemetry::kv_events_text(&events.status()));
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -66,11 +69,33 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
     let config = admin.router.config();
     let now = tokio::time::Instant::now();
     let staleness = std::time::Duration::from_millis(config.load.scrape.staleness_ms);
+    let events: std::collections::HashMap<_, _> = admin
+        .router
+        .events()
+        .map(|e| e.status())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.id, s))
+        .collect();
     let endpoints: Vec<_> = set
         .all()
         .iter()
         .map(|ep| {
             let engine = ep.load.engine.last();
+            let kv_events = events.get(&ep.id).map(|s| {
+                json!({
+                    "state": s.state.label(),
+                    "source": s.state.source(),
+                    "reason": s.state.reason().map(|r| r.as_str()),
+                    "topic": s.topic,
+                    "messages": s.counters.messages,
+                    "events": s.counters.events,
+                    "gaps": s.counters.gaps,
+                    "restarts": s.counters.restarts,
+                    "engine_blocks": s.engine_blocks,
+                    "engine_block_size_tokens": s.engine_block_size_tokens,
+                })
+            });
             json!({
                 "address": ep.address_str.as_ref(),
                 "pool": ep.pool.as_ref(),
@@ -87,6 +112,7 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
                 "engine_age_ms": engine.map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
                 "learned": ep.load.learned.snapshot(&config.load.learning, now),
                 "health": ep.health.snapshot(now, &config.health),
+                "kv_events": kv_events,
             })
         })
         .collect();

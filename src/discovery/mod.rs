@@ -205,7 +205,7 @@ pub struct Registry {
     /// Each source's latest list; the lock also serializes publishers.
     slots: parking_lot::Mutex<BTreeMap<String, Vec<ResolvedEndpoint>>>,
     versions: tokio::sync::watch::Sender<u64>,
-    interner: EndpointInterner,
+    interner: Arc<EndpointInterner>,
 }
 
 impl Default for Registry {
@@ -214,7 +214,7 @@ impl Default for Registry {
             current: ArcSwap::default(),
             slots: parking_lot::Mutex::new(BTreeMap::new()),
             versions: tokio::sync::watch::Sender::new(0),
-            interner: EndpointInterner::new(),
+            interner: Arc::new(EndpointInterner::new()),
         }
     }
 }
@@ -233,7 +233,7 @@ impl Registry {
     }
 
     /// The address <-> index id mapping of every endpoint ever published.
-    pub fn interner(&self) -> &EndpointInterner {
+    pub fn interner(&self) -> &Arc<EndpointInterner> {
         &self.interner
     }
 

@@ -46,6 +46,12 @@ pub struct CandidateRow {
     /// Admitted as a half-open breaker's trial request.
     #[serde(default)]
     pub trial: bool,
+    /// Where its cache entries come from: `events`, `events+predictions` or `predictions`.
+    #[serde(default)]
+    pub cache_source: String,
+    /// Why events are not the whole truth there, if they are not (`gap`, `silent`...).
+    #[serde(default)]
+    pub cache_reason: Option<String>,
     /// Predicted time to first token, ms (policies that predict it).
     pub predicted_ttft_ms: Option<f64>,
     /// The policy's score (higher is better); `None` if a filter excluded it.
@@ -114,6 +120,8 @@ impl Explanation {
                     engine_kv_cache_usage: c.engine.map(|e| e.kv_cache_usage),
                     ttft_residual_ms: c.ttft_residual_ms,
                     trial: signals.trial,
+                    cache_source: signals.cache_source.to_string(),
+                    cache_reason: signals.cache_reason.map(str::to_string),
                     predicted_ttft_ms: ttft.map(|t| t[i]),
                     score: plan.ranking.scores[i],
                 }
@@ -167,7 +175,7 @@ impl Explanation {
         let _ = writeln!(out, "policy {}", self.policy);
         let _ = writeln!(
             out,
-            "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}",
+            "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}  cache",
             "rank",
             "endpoint",
             "matched",
@@ -177,7 +185,7 @@ impl Explanation {
             "engine",
             "tok/s",
             "ttft-ms",
-            "score"
+            "score",
         );
         for c in &self.candidates {
             let engine = match (c.engine_waiting_requests, c.engine_running_requests) {
@@ -189,9 +197,13 @@ impl Explanation {
                 c.prefill_tokens_per_s,
                 c.prefill_speed_source.get(..4).unwrap_or("")
             );
+            let cache = match &c.cache_reason {
+                Some(why) => format!("{} ({why})", c.cache_source),
+                None => c.cache_source.clone(),
+            };
             let _ = writeln!(
                 out,
-                "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}",
+                "{:<4} {:<22} {:>8} {:>9} {:>9} {:>12} {:>16} {:>18} {:>12} {:>10}  {}",
                 c.rank,
                 c.endpoint,
                 c.matched_tokens,
@@ -206,6 +218,7 @@ impl Explanation {
                 c.score
                     .map(|s| format!("{s:.4}"))
                     .unwrap_or_else(|| "filtered".into()),
+                cache,
             );
         }
         let _ = writeln!(out, "pick {}", self.pick);

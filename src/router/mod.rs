@@ -21,8 +21,9 @@ pub use log::DecisionLog;
 
 use crate::config::{Config, EngineKind, ResolvedEndpoint};
 use crate::discovery::{Endpoint, EndpointSet, EndpointSink, ModelMatch, Registry, SetChange};
+use crate::events::{weighted_blocks, KvEvents, SourceState};
 use crate::health::{Admission, Change, TrialPermit};
-use crate::index::{IndexOptions, OwnershipIndex, TokioClock};
+use crate::index::{EndpointInterner, IndexOptions, OwnershipIndex, PrefixMatch, TokioClock};
 use crate::load::{InflightGuard, TtftContext};
 use crate::policy::cost::CostModel;
 use crate::policy::{self, CandidateView, EngineLoad, Policy, Ranking, RequestView};
@@ -57,7 +58,9 @@ pub struct RouteContext<'a> {
 pub struct Router {
     registry: Registry,
     state: ArcSwap<RouterState>,
-    index: OwnershipIndex,
+    index: Arc<OwnershipIndex>,
+    /// The engines' KV events, once `serve` has started their subscriptions.
+    events: std::sync::OnceLock<KvEvents>,
     metrics: Arc<Metrics>,
     base_dir: PathBuf,
     decisions: DecisionLog,
@@ -76,6 +79,12 @@ pub struct CandidateSignals {
     pub prefill_speed: &'static str,
     /// Admitted as one of a half-open breaker's trial requests.
     pub trial: bool,
+    /// Where the candidate's cache entries come from: `events` (the engine's KV events, in
+    /// sequence), `events+predictions` (events flow but some were missed), or `predictions`
+    /// (no events configured, or not flowing).
+    pub cache_source: &'static str,
+    /// Why events are not the whole truth there (`gap`, `restart`, `silent`...), if they are not.
+    pub cache_reason: Option<&'static str>,
 }
 
 impl CandidateSignals {
@@ -110,6 +119,8 @@ pub struct Plan {
     pub unhealthy: Vec<Arc<Endpoint>>,
     /// The request as the policy saw it.
     pub request: RequestView,
+    /// Per candidate, what the index matched (blocks, confirmed, offloaded).
+    pub matches: Vec<PrefixMatch>,
 }
 
 impl Plan {
@@ -205,10 +216,10 @@ impl Router {
     ) -> Result<Router, ApplyError> {
         let tokenizers = TokenizerRegistry::from_config(&config.models, base_dir)?;
         let registry = Registry::new(&config.resolved_endpoints());
-        let index = OwnershipIndex::new(
+        let index = Arc::new(OwnershipIndex::new(
             IndexOptions::from(&config.cache_index),
             Arc::new(TokioClock::new()),
-        );
+        ));
         let router = Router {
             registry,
             state: ArcSwap::from_pointee(RouterState {
@@ -218,6 +229,7 @@ impl Router {
                 config: Arc::new(config),
             }),
             index,
+            events: std::sync::OnceLock::new(),
             metrics,
             base_dir: base_dir.to_path_buf(),
             decisions: DecisionLog::default(),
@@ -241,8 +253,26 @@ impl Router {
     }
 
     /// The ownership index.
-    pub fn index(&self) -> &OwnershipIndex {
+    pub fn index(&self) -> &Arc<OwnershipIndex> {
         &self.index
+    }
+
+    /// The address <-> index id mapping.
+    pub fn interner(&self) -> &Arc<EndpointInterner> {
+        self.registry.interner()
+    }
+
+    /// Hands the router the engines' KV-event subscriptions (started by `serve` over this
+    /// router's index and interner). From then on decisions record which source each
+    /// candidate's cache entries come from, weigh matches by medium, and predict with the TTL
+    /// the endpoint's event state calls for. Only the first call takes effect.
+    pub fn attach_events(&self, events: KvEvents) {
+        let _ = self.events.set(events);
+    }
+
+    /// The KV-event subscriptions, if attached.
+    pub fn events(&self) -> Option<&KvEvents> {
+        self.events.get()
     }
 
     /// The tokenizer registry in force.
@@ -457,6 +487,8 @@ impl Router {
         let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
         let matches = self.index.lookup(&prefix.block_hashes, &ids);
         let block = u64::from(prefix.block_size_tokens);
+        let events = self.events.get();
+        let weights = events.map(KvEvents::medium_weights).unwrap_or_default();
         let config = &state.config;
         let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
         let learning = &config.load.learning;
@@ -498,13 +530,22 @@ impl Router {
                         .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
                     prefill_speed: speed_source,
                     trial,
+                    cache_source: events
+                        .map_or(SourceState::Absent, |e| e.source_state(ep.id))
+                        .source(),
+                    cache_reason: events
+                        .and_then(|e| e.source_state(ep.id).reason())
+                        .map(|r| r.as_str()),
                 });
                 CandidateView {
                     address: ep.address,
                     weight: ep.weight,
                     load: ep.load.snapshot(),
                     max_in_flight: ep.max_in_flight,
-                    matched_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+                    // Blocks the engine holds only offloaded (CPU) count partly: they must be
+                    // copied back before use.
+                    matched_tokens: ((weighted_blocks(m, &weights) * block as f64) as u64)
+                        .min(prefix.tokens),
                     confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
                     prefill_tokens_per_s: speed,
                     engine,
@@ -536,6 +577,7 @@ impl Router {
             signals,
             unhealthy,
             request: view,
+            matches,
         })
     }
 
@@ -578,9 +620,15 @@ impl Router {
         let guard = primary.load.begin(plan.uncached_tokens());
         if !plan.prefix.block_hashes.is_empty() {
             // Only fails for an endpoint id beyond 2^24; the decision stands either way.
-            let _ = self
-                .index
-                .insert_predicted(primary.id, &plan.prefix.block_hashes);
+            let hashes = &plan.prefix.block_hashes;
+            let _ = match self.events.get() {
+                // Short-lived while the engine's events will confirm them, cut to whole engine
+                // blocks, and starting the silence clock.
+                Some(events) => {
+                    events.record_routed(primary.id, hashes, plan.matches[pick].confirmed_blocks)
+                }
+                None => self.index.insert_predicted(primary.id, hashes),
+            };
         }
         let destination = plan
             .endpoints

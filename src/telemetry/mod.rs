@@ -267,6 +267,68 @@ impl Metrics {
     }
 }
 
+/// The KV-event streams' state and counters in the Prometheus text format (rendered from their
+/// status at scrape time, so removed endpoints disappear).
+pub fn kv_events_text(statuses: &[crate::events::EndpointEventsStatus]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP kvrouter_kv_events_state Source of an endpoint's cache entries: 1 for its current state (trusted, partial, distrusted, absent).\n# TYPE kvrouter_kv_events_state gauge"
+    );
+    for s in statuses {
+        let _ = writeln!(
+            out,
+            "kvrouter_kv_events_state{{endpoint=\"{}\",state=\"{}\",reason=\"{}\"}} 1",
+            s.address,
+            s.state.label(),
+            s.state.reason().map_or("", |r| r.as_str())
+        );
+    }
+    type Counter = fn(&crate::events::StreamCounters) -> u64;
+    let counters: [(&str, &str, Counter); 7] = [
+        ("messages", "KV-event messages received", |c| c.messages),
+        ("events", "KV events applied", |c| c.events),
+        (
+            "blocks_mapped",
+            "Engine blocks stored and mapped to the router's blocks",
+            |c| c.blocks_mapped,
+        ),
+        ("blocks_removed", "Engine block copies removed", |c| {
+            c.blocks_removed
+        }),
+        ("gaps", "Sequence gaps (events lost)", |c| c.gaps),
+        ("restarts", "Publisher restarts seen", |c| c.restarts),
+        ("malformed", "Undecodable messages", |c| c.malformed),
+    ];
+    for (name, help, get) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP kvrouter_kv_events_{name}_total {help}.\n# TYPE kvrouter_kv_events_{name}_total counter"
+        );
+        for s in statuses {
+            let _ = writeln!(
+                out,
+                "kvrouter_kv_events_{name}_total{{endpoint=\"{}\"}} {}",
+                s.address,
+                get(&s.counters)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP kvrouter_kv_events_engine_blocks Engine blocks tracked per endpoint.\n# TYPE kvrouter_kv_events_engine_blocks gauge"
+    );
+    for s in statuses {
+        let _ = writeln!(
+            out,
+            "kvrouter_kv_events_engine_blocks{{endpoint=\"{}\"}} {}",
+            s.address, s.engine_blocks
+        );
+    }
+    out
+}
+
 /// Installs the global `tracing` subscriber (level from `RUST_LOG`, default `info`).
 /// Calling it twice is harmless.
 pub fn init_logging(format: LogFormat) {

@@ -167,6 +167,8 @@ where
 pub struct Replica {
     pub name: String,
     pub addr: SocketAddr,
+    /// Where it publishes KV events (`tcp://ip:port`), when started with `--kv-events`.
+    pub kv_events: Option<String>,
     pub proc: Proc,
 }
 
@@ -191,6 +193,7 @@ pub fn start_replica_with(dir: &Path, name: &str, models: &[&str], extra: &[&str
     Replica {
         name: name.to_string(),
         addr,
+        kv_events: lines[0]["kv_events"].as_str().map(str::to_string),
         proc,
     }
 }

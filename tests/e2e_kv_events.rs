@@ -1,0 +1,180 @@
+//! Precise cache ownership end to end: replicas publish vLLM KV events over ZMQ, kvrouter
+//! subscribes, and requests routed through Envoy follow what the engines actually hold,
+//! including blocks filled by traffic that never went through the router.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+
+fn fixture() -> String {
+    repo()
+        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
+        .canonicalize()
+        .expect("shared fixture")
+        .display()
+        .to_string()
+}
+
+fn system_prompt() -> String {
+    "You are the support assistant of a freight company; always quote the tracking number. "
+        .repeat(30)
+}
+
+fn body(question: &str) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}],
+    })
+    .to_string()
+}
+
+struct EventsStack {
+    stack: Stack,
+}
+
+/// Replicas publishing KV events on ephemeral bound sockets, and a router subscribed to each.
+async fn start() -> EventsStack {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = fixture();
+    let replicas: Vec<Replica> = (0..2)
+        .map(|i| {
+            start_replica_with(
+                dir.path(),
+                &format!("r{i}"),
+                &[MODEL],
+                &["--tokenizer", &tokenizer, "--kv-events", "tcp://*:0"],
+            )
+        })
+        .collect();
+    let endpoints: String = replicas
+        .iter()
+        .map(|r| {
+            format!(
+                "      - address: \"{}\"\n        kv_events: {{connect: \"{}\"}}\n",
+                r.addr,
+                r.kv_events.as_deref().expect("publishing")
+            )
+        })
+        .collect();
+    let yaml = format!(
+        "server: {{reload_interval_ms: 50}}\nenvoy: {{eds_path: {eds}}}\npolicy: {{name: predicted-ttft}}\n\
+         models: [{{name: {MODEL}, tokenizer: \"{tokenizer}\"}}]\n\
+         pools:\n  - name: test\n    models: [{MODEL}]\n    endpoints:\n{endpoints}",
+        eds = dir.path().join("eds.json").display()
+    );
+    let router = start_router(dir.path(), &yaml);
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+    let yaml = envoy_yaml(
+        &router,
+        dir.path(),
+        kvrouter::envoyconf::ClusterStyle::OverrideHost,
+        kvrouter::envoyconf::BodyMode::Buffered,
+        None,
+    );
+    let envoy = start_envoy(dir.path(), &yaml).await;
+    envoy.wait_for_hosts(&addrs).await;
+    EventsStack {
+        stack: Stack {
+            dir,
+            replicas,
+            router,
+            envoy,
+            client: reqwest::Client::new(),
+        },
+    }
+}
+
+/// The live explanation for `req` (no routing).
+async fn explain(stack: &Stack, req: &str) -> serde_json::Value {
+    stack
+        .client
+        .post(format!("http://{}/debug/explain", stack.router.admin))
+        .body(req.to_string())
+        .send()
+        .await
+        .expect("explain")
+        .json()
+        .await
+        .expect("json")
+}
+
+fn row(e: &serde_json::Value, addr: SocketAddr) -> &serde_json::Value {
+    e["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["endpoint"] == addr.to_string())
+        .expect("candidate row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale_hit() {
+    let EventsStack { stack } = start().await;
+    let (r1, r1_addr) = (&stack.replicas[1].name, stack.replicas[1].addr);
+    // Fill r1 directly, bypassing Envoy and the router.
+    let direct = post(
+        &stack.client,
+        r1_addr,
+        "/v1/chat/completions",
+        body("direct"),
+    )
+    .await;
+    assert_eq!(direct.status, 200, "{}", direct.body);
+
+    // The router learns it from r1's events: its confirmed match covers the system prompt.
+    let probe = body("routed");
+    let e = eventually(
+        "r1's events to confirm the prefix",
+        Duration::from_secs(10),
+        || async {
+            let e = explain(&stack, &probe).await;
+            (row(&e, r1_addr)["confirmed_tokens"].as_u64() >= Some(300)).then_some(e)
+        },
+    )
+    .await;
+    assert_eq!(row(&e, r1_addr)["cache_source"], "events", "{e}");
+    assert_eq!(e["pick"], r1_addr.to_string(), "{e}");
+
+    // Routed through Envoy, the request goes to r1 and r1 reports the hit.
+    let routed = stack.post("/v1/chat/completions", probe.clone()).await;
+    assert_eq!(routed.status, 200, "{}", routed.body);
+    assert_eq!(routed.replica.as_deref(), Some(r1.as_str()));
+    let usage: serde_json::Value = serde_json::from_str(&routed.body).unwrap();
+    let cached = usage["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 300, "r1 served the prefix from cache: {cached}");
+
+    // r1 restarts: its cache is gone, and no stale hit may remain (predictions included).
+    let restart = stack
+        .client
+        .post(format!("http://{r1_addr}/admin/restart"))
+        .body(r#"{"down_ms": 0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert!(restart.status().is_success());
+    eventually(
+        "r1's stale entries to be dropped",
+        Duration::from_secs(10),
+        || async {
+            let e = explain(&stack, &body("after restart")).await;
+            (row(&e, r1_addr)["matched_tokens"] == 0).then_some(())
+        },
+    )
+    .await;
+    let metrics = reqwest::get(format!("http://{}/metrics", stack.router.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("kvrouter_kv_events_messages_total"),
+        "{metrics}"
+    );
+    assert_in_flight_drains(stack.router.admin).await;
+}
