@@ -34,6 +34,9 @@ pub struct Analysis {
     pub unique: Option<UniqueComparison>,
     /// Hot prefix: queue growth per policy.
     pub hot_prefix: Vec<QueueGrowth>,
+    /// Hot prefix: (the subject's queues stayed bounded, the affinity policy's ran away), for
+    /// the policies that ran.
+    pub hot_prefix_verdict: (Option<bool>, Option<bool>),
     /// Multi-tenant: cross-tenant hits per policy.
     pub multi_tenant: Vec<(String, CrossTenant)>,
     /// Kill/restart: disturbance per policy.
@@ -126,7 +129,9 @@ fn runs<'a>(report: &'a Report, workload: &str) -> Vec<&'a RunResult> {
     report
         .runs
         .iter()
-        .filter(|r| r.workload == workload && r.rate == top && r.failed.is_none() && r.stats.is_some())
+        .filter(|r| {
+            r.workload == workload && r.rate == top && r.failed.is_none() && r.stats.is_some()
+        })
         .collect()
 }
 
@@ -147,7 +152,9 @@ pub fn analyse(report: &Report) -> Analysis {
     let mut a = Analysis::default();
     let mut need = |what: &str, workload: &str, label: &str, runs: &[&RunResult]| {
         if find(runs, label).is_none() {
-            a.missing.push(format!("{what}: no successful run of {label:?} on {workload:?}"));
+            a.missing.push(format!(
+                "{what}: no successful run of {label:?} on {workload:?}"
+            ));
         }
     };
     if !spec.shared_prefix.is_empty() {
@@ -178,9 +185,18 @@ pub fn analyse(report: &Report) -> Analysis {
         let get = |l: &str, f: fn(&super::stats::Latency) -> Option<f64>| {
             find(&rs, l).and_then(|r| f(&r.stats.as_ref()?.ttft_ms))
         };
-        let mean_ratio = ratio(get(&spec.subject, |l| l.mean), get(&spec.baseline, |l| l.mean));
-        let p50_ratio = ratio(get(&spec.subject, |l| l.p50), get(&spec.baseline, |l| l.p50));
-        let p90_ratio = ratio(get(&spec.subject, |l| l.p90), get(&spec.baseline, |l| l.p90));
+        let mean_ratio = ratio(
+            get(&spec.subject, |l| l.mean),
+            get(&spec.baseline, |l| l.mean),
+        );
+        let p50_ratio = ratio(
+            get(&spec.subject, |l| l.p50),
+            get(&spec.baseline, |l| l.p50),
+        );
+        let p90_ratio = ratio(
+            get(&spec.subject, |l| l.p90),
+            get(&spec.baseline, |l| l.p90),
+        );
         a.unique = Some(UniqueComparison {
             workload: spec.unique.clone(),
             within_5_percent: [mean_ratio, p50_ratio, p90_ratio]
@@ -192,7 +208,20 @@ pub fn analyse(report: &Report) -> Analysis {
         });
     }
     if !spec.hot_prefix.is_empty() {
-        a.hot_prefix = runs(report, &spec.hot_prefix).into_iter().map(queue_growth).collect();
+        a.hot_prefix = runs(report, &spec.hot_prefix)
+            .into_iter()
+            .map(queue_growth)
+            .collect();
+        let ran_away = |label: &str| {
+            a.hot_prefix
+                .iter()
+                .find(|q| q.label == label)
+                .map(|q| !q.runaway.is_empty())
+        };
+        a.hot_prefix_verdict = (
+            ran_away(&spec.subject).map(|r| !r),
+            ran_away(&spec.affinity),
+        );
     }
     if !spec.multi_tenant.is_empty() {
         a.multi_tenant = runs(report, &spec.multi_tenant)
@@ -225,7 +254,13 @@ fn queue_growth(r: &RunResult) -> QueueGrowth {
         quarters: s
             .replicas
             .iter()
-            .map(|x| (x.replica.clone(), x.waiting_first_quarter, x.waiting_last_quarter))
+            .map(|x| {
+                (
+                    x.replica.clone(),
+                    x.waiting_first_quarter,
+                    x.waiting_last_quarter,
+                )
+            })
             .collect(),
         runaway: s
             .replicas
@@ -262,7 +297,8 @@ fn disturbance(r: &RunResult) -> Option<Disturbance> {
     let after_from = restart_ms.unwrap_or(f64::INFINITY);
     let recovery_ms = match (before, restart_ms) {
         (Some(b), Some(rs)) => {
-            let mut sent: Vec<&RequestRecord> = r.records.iter().filter(|x| x.sent_ms >= rs).collect();
+            let mut sent: Vec<&RequestRecord> =
+                r.records.iter().filter(|x| x.sent_ms >= rs).collect();
             sent.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
             let good = |x: &RequestRecord| x.ok() && x.ttft_ms().is_some_and(|t| t <= 1.5 * b);
             sent.windows(10)

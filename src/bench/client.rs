@@ -189,7 +189,9 @@ fn parse_event(event: &[u8], out: &mut Outcome) -> EventKind {
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         out.prompt_tokens = u["prompt_tokens"].as_u64();
         out.completion_tokens = u["completion_tokens"].as_u64();
-        out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64().or(Some(0));
+        out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .or(Some(0));
     }
     let c = &v["choices"][0];
     let content = c["delta"]["content"].as_str().or(c["text"].as_str());
@@ -234,7 +236,10 @@ mod tests {
             (out.prompt_tokens, out.cached_tokens, out.completion_tokens),
             (Some(10), Some(8), Some(2))
         );
-        assert!(matches!(parse_event(b"data: [DONE]", &mut out), EventKind::Done));
+        assert!(matches!(
+            parse_event(b"data: [DONE]", &mut out),
+            EventKind::Done
+        ));
         let err = br#"data: {"error":{"message":"aborted"}}"#;
         assert!(matches!(parse_event(err, &mut out), EventKind::Error(m) if m == "aborted"));
     }

@@ -132,7 +132,11 @@ pub struct CrossTenant {
 }
 
 /// Finds cross-tenant hits in `records` (see the module docs).
-pub fn cross_tenant_hits(records: &[RequestRecord], views: &[EngineView], block_size: u32) -> CrossTenant {
+pub fn cross_tenant_hits(
+    records: &[RequestRecord],
+    views: &[EngineView],
+    block_size: u32,
+) -> CrossTenant {
     let bs = block_size.max(1) as usize;
     let mut out = CrossTenant::default();
     for r in records {
@@ -200,7 +204,11 @@ mod tests {
 
     #[test]
     fn hit_cap_is_whole_blocks_below_the_last_token() {
-        assert_eq!(hit_tokens(10, 160, 16), 144, "160 tokens: the last block is recomputed");
+        assert_eq!(
+            hit_tokens(10, 160, 16),
+            144,
+            "160 tokens: the last block is recomputed"
+        );
         assert_eq!(hit_tokens(10, 161, 16), 160);
         assert_eq!(hit_tokens(2, 161, 16), 32);
         assert_eq!(hit_tokens(0, 0, 16), 0);
@@ -222,14 +230,21 @@ mod tests {
         let views = engine_views(&trace, &WordPieceTokenizer::default(), "demo-model", 16).unwrap();
         let profile = StepProfile::builtin("l4-llama3-8b").unwrap();
         let lb = lower_bound(&trace, &views, 16, &profile, 2048);
-        let first = trace.requests.iter().min_by(|a, b| match (a.start, b.start) {
-            (Start::At(x), Start::At(y)) => x.total_cmp(&y),
-            _ => std::cmp::Ordering::Equal,
-        });
+        let first = trace
+            .requests
+            .iter()
+            .min_by(|a, b| match (a.start, b.start) {
+                (Start::At(x), Start::At(y)) => x.total_cmp(&y),
+                _ => std::cmp::Ordering::Equal,
+            });
         let first = first.unwrap().id;
         assert_eq!(lb.novel_tokens[first], views[first].prompt_tokens);
         for id in (0..4).filter(|&i| i != first) {
-            assert!(lb.novel_tokens[id] < views[id].prompt_tokens / 2, "{:?}", lb.novel_tokens);
+            assert!(
+                lb.novel_tokens[id] < views[id].prompt_tokens / 2,
+                "{:?}",
+                lb.novel_tokens
+            );
             assert!(lb.ttft_ms[id] < lb.ttft_ms[first]);
         }
     }
@@ -252,7 +267,7 @@ mod tests {
         }
         let views = engine_views(&trace, &WordPieceTokenizer::default(), "demo-model", 16).unwrap();
         let system_hit = 96; // the shared system prompt's whole blocks, roughly
-        // tenant-1's first request hits tenant-0's blocks on r0: cross-tenant.
+                             // tenant-1's first request hits tenant-0's blocks on r0: cross-tenant.
         let records = vec![
             record(0, "tenant-0", "r0", 0.0, 0),
             record(1, "tenant-1", "r0", 100.0, system_hit),
@@ -260,7 +275,10 @@ mod tests {
         ];
         let found = cross_tenant_hits(&records, &views, 16);
         assert_eq!(found.checked, 2);
-        assert_eq!(found.requests, 1, "{found:?}: only the first tenant-1 request");
+        assert_eq!(
+            found.requests, 1,
+            "{found:?}: only the first tenant-1 request"
+        );
         assert_eq!(found.tokens, system_hit);
         // On another replica than its own tenant's earlier request, the hit is cross-tenant too.
         let moved = vec![

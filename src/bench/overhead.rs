@@ -162,7 +162,11 @@ fn subtract(after: &Histogram, before: &Histogram) -> Histogram {
             .buckets
             .iter()
             .map(|&(le, c)| {
-                let b = before.buckets.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1);
+                let b = before
+                    .buckets
+                    .iter()
+                    .find(|x| x.0 == le)
+                    .map_or(0.0, |x| x.1);
                 (le, c - b)
             })
             .collect(),
@@ -172,16 +176,29 @@ fn subtract(after: &Histogram, before: &Histogram) -> Histogram {
 }
 
 /// `spec.concurrency` closed-loop clients send `spec.requests` requests (after a warm-up).
-async fn drive(path: &str, addr: SocketAddr, spec: &OverheadSpec, body: &Arc<Vec<u8>>) -> PathResult {
+async fn drive(
+    path: &str,
+    addr: SocketAddr,
+    spec: &OverheadSpec,
+    body: &Arc<Vec<u8>>,
+) -> PathResult {
     let url = format!("http://{addr}/v1/chat/completions");
-    let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap_or_default();
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap_or_default();
     for _ in 0..WARMUP {
         let _ = client::send(&client, &url, &[], body.to_vec()).await;
     }
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let workers = (0..spec.concurrency.max(1)).map(|_| {
-        let (client, url, body, next) = (client.clone(), url.clone(), Arc::clone(body), Arc::clone(&next));
+        let (client, url, body, next) = (
+            client.clone(),
+            url.clone(),
+            Arc::clone(body),
+            Arc::clone(&next),
+        );
         let total = spec.requests;
         tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -200,7 +217,11 @@ async fn drive(path: &str, addr: SocketAddr, spec: &OverheadSpec, body: &Arc<Vec
     });
     let mut all = Vec::new();
     let mut errors = 0;
-    for r in futures::future::join_all(workers).await.into_iter().flatten() {
+    for r in futures::future::join_all(workers)
+        .await
+        .into_iter()
+        .flatten()
+    {
         all.extend(r.0);
         errors += r.1;
     }

@@ -554,7 +554,13 @@ impl Plan {
             if let Some(f) = &w.fleet {
                 check_fleet(f, &format!("{at}.fleet"), &mut errors);
             }
-            let fleet_size: usize = w.fleet.as_ref().unwrap_or(&self.fleet).iter().map(|g| g.count).sum();
+            let fleet_size: usize = w
+                .fleet
+                .as_ref()
+                .unwrap_or(&self.fleet)
+                .iter()
+                .map(|g| g.count)
+                .sum();
             for (j, e) in w.events.iter().enumerate() {
                 if !(e.at_s.is_finite() && e.at_s >= 0.0) {
                     errors.push(format!("{at}.events[{j}].at_s must be >= 0"));
@@ -666,7 +672,8 @@ mod tests {
 
     #[test]
     fn invalid_plans_name_the_field() {
-        let base = "policies: [{policy: round-robin}]\nworkloads: [{name: w, shape: {kind: unique}}]\n";
+        let base =
+            "policies: [{policy: round-robin}]\nworkloads: [{name: w, shape: {kind: unique}}]\n";
         let cases = [
             ("policies: []\nworkloads: [{name: w}]", "policies must list"),
             (

@@ -71,9 +71,13 @@ impl Proc {
     ) -> Result<(Proc, Vec<serde_json::Value>), BenchError> {
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).map_err(|e| BenchError::Process(e.to_string()))?;
-        cmd.stdout(if lines > 0 { Stdio::piped() } else { Stdio::null() })
-            .stderr(stderr)
-            .stdin(Stdio::null());
+        cmd.stdout(if lines > 0 {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stderr(stderr)
+        .stdin(Stdio::null());
         let mut child = cmd
             .spawn()
             .map_err(|e| BenchError::Process(format!("cannot start {name}: {e}")))?;
@@ -163,7 +167,12 @@ pub fn cpu_seconds_of(pid: u32) -> f64 {
         return 0.0;
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / clock_ticks_per_s()
 }
 
@@ -295,14 +304,21 @@ impl RouterProc {
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
-            .args(["--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args([
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
             .env("RUST_LOG", "warn");
         let (proc, lines) = Proc::spawn("kvrouter", cmd, dir, 1)?;
         let get = |k: &str| -> Result<SocketAddr, BenchError> {
             lines[0][k]
                 .as_str()
                 .and_then(|a| a.parse().ok())
-                .ok_or_else(|| BenchError::Process(format!("kvrouter printed no {k}: {}", lines[0])))
+                .ok_or_else(|| {
+                    BenchError::Process(format!("kvrouter printed no {k}: {}", lines[0]))
+                })
         };
         Ok(RouterProc {
             grpc: get("grpc")?,
@@ -344,7 +360,13 @@ impl EnvoyProc {
             .arg(&config)
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "warning"])
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+            ])
             .current_dir(dir);
         let (mut proc, _) = Proc::spawn("envoy", cmd, dir, 0)?;
         let deadline = Instant::now() + STARTUP;

@@ -88,11 +88,17 @@ pub async fn run_events(
                     let f = fleet.lock();
                     match f.replicas.get(e.replica) {
                         Some(r) => (r.name().to_string(), r.addr),
-                        None => (format!("r{}", e.replica), "0.0.0.0:0".parse().expect("addr")),
+                        None => (
+                            format!("r{}", e.replica),
+                            "0.0.0.0:0".parse().expect("addr"),
+                        ),
                     }
                 };
                 let (path, body) = if e.action == Action::Fail {
-                    ("fail", serde_json::json!({"status": 500, "duration_ms": real_ms}))
+                    (
+                        "fail",
+                        serde_json::json!({"status": 500, "duration_ms": real_ms}),
+                    )
                 } else {
                     ("stall", serde_json::json!({"duration_ms": real_ms}))
                 };
@@ -136,13 +142,19 @@ fn process_event(
                 r.kill();
                 (r.name().to_string(), Ok(()))
             }
-            None => (format!("r{}", e.replica), Err(BenchError::Process("no such replica".into()))),
+            None => (
+                format!("r{}", e.replica),
+                Err(BenchError::Process("no such replica".into())),
+            ),
         },
         Action::Restart => {
             let (kvsim, dir) = (f.kvsim.clone(), f.dir.clone());
             match f.replicas.get_mut(e.replica) {
                 Some(r) => (r.name().to_string(), r.restart(&kvsim, &dir)),
-                None => (format!("r{}", e.replica), Err(BenchError::Process("no such replica".into()))),
+                None => (
+                    format!("r{}", e.replica),
+                    Err(BenchError::Process("no such replica".into())),
+                ),
             }
         }
         Action::Add => {

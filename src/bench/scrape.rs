@@ -75,9 +75,18 @@ pub async fn scrape_replicas(
             }
         });
         let t_ms = clock.now_ms();
-        for (name, text) in futures::future::join_all(fetches).await.into_iter().flatten() {
+        for (name, text) in futures::future::join_all(fetches)
+            .await
+            .into_iter()
+            .flatten()
+        {
             let m = parse_prometheus(&text);
-            let get = |k: &str| m.iter().filter(|(n, _)| n == k).map(|(_, v)| v).sum::<f64>();
+            let get = |k: &str| {
+                m.iter()
+                    .filter(|(n, _)| n == k)
+                    .map(|(_, v)| v)
+                    .sum::<f64>()
+            };
             let mut monotonic = |i: usize, raw: f64| {
                 let entry = counters.entry((name.clone(), i)).or_insert((0.0, 0.0));
                 if raw < entry.0 {
@@ -142,7 +151,13 @@ impl Histogram {
                     .split("le=\"")
                     .nth(1)
                     .and_then(|r| r.split('"').next())
-                    .map(|s| if s == "+Inf" { f64::INFINITY } else { s.parse().unwrap_or(f64::NAN) });
+                    .map(|s| {
+                        if s == "+Inf" {
+                            f64::INFINITY
+                        } else {
+                            s.parse().unwrap_or(f64::NAN)
+                        }
+                    });
                 if let Some(le) = le.filter(|l| !l.is_nan()) {
                     match buckets.iter_mut().find(|(b, _)| *b == le) {
                         Some(b) => b.1 += v,
@@ -174,7 +189,11 @@ impl Histogram {
                 if le.is_infinite() {
                     return Some(prev.0);
                 }
-                let within = if c > prev.1 { (rank - prev.1) / (c - prev.1) } else { 1.0 };
+                let within = if c > prev.1 {
+                    (rank - prev.1) / (c - prev.1)
+                } else {
+                    1.0
+                };
                 return Some(prev.0 + (le - prev.0) * within);
             }
             prev = (le, c);
@@ -211,7 +230,11 @@ mod tests {
         // Median: rank 5 is 3/6 into (0.001, 0.01].
         let p50 = h.quantile(0.5).unwrap();
         assert!((p50 - 0.0055).abs() < 1e-9, "{p50}");
-        assert_eq!(h.quantile(0.99), Some(0.01), "the +Inf bucket answers its lower bound");
+        assert_eq!(
+            h.quantile(0.99),
+            Some(0.01),
+            "the +Inf bucket answers its lower bound"
+        );
         assert_eq!(Histogram::default().quantile(0.5), None);
     }
 }

@@ -113,20 +113,36 @@ pub struct RunStats {
     pub goodput_fraction: f64,
     /// First send to last end, simulated seconds.
     pub duration_s: f64,
-    /// Requests held back by the concurrency cap more than 1 simulated ms.
-    pub capped: usize,
+    /// Requests sent more than 5 real ms after their scheduled time (concurrency cap or a busy
+    /// load generator).
+    pub late: usize,
+    /// 99th percentile of send lag (sent - scheduled), real ms: the load generator's own
+    /// schedule error.
+    pub lag_p99_real_ms: f64,
     /// Per replica.
     pub replicas: Vec<ReplicaStats>,
 }
 
 /// Computes a run's numbers.
-pub fn run_stats(records: &[RequestRecord], samples: &[ReplicaSample], slo_ttft_ms: f64) -> RunStats {
+pub fn run_stats(
+    records: &[RequestRecord],
+    samples: &[ReplicaSample],
+    slo_ttft_ms: f64,
+    time_scale: f64,
+) -> RunStats {
     let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
     let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms()).collect();
     let e2e: Vec<f64> = ok.iter().map(|r| r.e2e_ms()).collect();
-    let start = records.iter().map(|r| r.sent_ms).fold(f64::INFINITY, f64::min);
+    let start = records
+        .iter()
+        .map(|r| r.sent_ms)
+        .fold(f64::INFINITY, f64::min);
     let end = records.iter().map(|r| r.end_ms).fold(0.0, f64::max);
-    let duration_s = if end > start { (end - start) / 1000.0 } else { 0.0 };
+    let duration_s = if end > start {
+        (end - start) / 1000.0
+    } else {
+        0.0
+    };
     let arrivals_s = {
         let last = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
         (last - start.min(last)).max(1.0) / 1000.0
@@ -152,17 +168,33 @@ pub fn run_stats(records: &[RequestRecord], samples: &[ReplicaSample], slo_ttft_
         error_kinds,
         ttft_ms: Latency::of(&ttft),
         e2e_ms: Latency::of(&e2e),
-        output_tokens_per_s: if duration_s > 0.0 { output as f64 / duration_s } else { 0.0 },
+        output_tokens_per_s: if duration_s > 0.0 {
+            output as f64 / duration_s
+        } else {
+            0.0
+        },
         kv_hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
         prompt_tokens: prompt,
         max_queue: replicas.iter().map(|r| r.max_waiting).fold(0.0, f64::max),
-        mean_queue: mean(&replicas.iter().map(|r| r.mean_waiting).collect::<Vec<_>>()).unwrap_or(0.0),
+        mean_queue: mean(&replicas.iter().map(|r| r.mean_waiting).collect::<Vec<_>>())
+            .unwrap_or(0.0),
         max_in_flight: replicas.iter().map(|r| r.max_in_flight).max().unwrap_or(0),
         preemptions: replicas.iter().map(|r| r.preemptions).sum(),
         goodput_rps: good as f64 / arrivals_s,
         goodput_fraction: good as f64 / records.len().max(1) as f64,
         duration_s,
-        capped: records.iter().filter(|r| r.sent_ms - r.scheduled_ms > 1.0).count(),
+        late: records
+            .iter()
+            .filter(|r| r.sent_ms - r.scheduled_ms > 5.0 * time_scale)
+            .count(),
+        lag_p99_real_ms: percentile(
+            &records
+                .iter()
+                .map(|r| (r.sent_ms - r.scheduled_ms) / time_scale)
+                .collect::<Vec<_>>(),
+            0.99,
+        )
+        .unwrap_or(0.0),
         replicas,
     }
 }
@@ -175,7 +207,10 @@ fn replica_stats(records: &[RequestRecord], samples: &[ReplicaSample]) -> Vec<Re
         .collect();
     names.sort_by_key(|n| (n.len(), n.clone()));
     names.dedup();
-    let start = records.iter().map(|r| r.scheduled_ms).fold(f64::INFINITY, f64::min);
+    let start = records
+        .iter()
+        .map(|r| r.scheduled_ms)
+        .fold(f64::INFINITY, f64::min);
     let last = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
     let quarter = (last - start).max(0.0) / 4.0;
     names
@@ -185,7 +220,11 @@ fn replica_stats(records: &[RequestRecord], samples: &[ReplicaSample]) -> Vec<Re
                 .iter()
                 .filter(|r| r.replica.as_deref() == Some(name.as_str()))
                 .collect();
-            let ttft: Vec<f64> = mine.iter().filter(|r| r.ok()).filter_map(|r| r.ttft_ms()).collect();
+            let ttft: Vec<f64> = mine
+                .iter()
+                .filter(|r| r.ok())
+                .filter_map(|r| r.ttft_ms())
+                .collect();
             let s: Vec<&ReplicaSample> = samples.iter().filter(|s| s.replica == name).collect();
             let waiting: Vec<f64> = s.iter().map(|s| s.waiting).collect();
             let window = |from: f64, to: f64| {
@@ -230,8 +269,15 @@ pub fn max_in_flight(records: &[&RequestRecord]) -> usize {
 }
 
 /// Client-view in-flight count of each replica at evenly spaced times: `(t_ms, counts)`.
-pub fn in_flight_series(records: &[RequestRecord], replicas: &[String], points: usize) -> Vec<(f64, Vec<usize>)> {
-    let start = records.iter().map(|r| r.sent_ms).fold(f64::INFINITY, f64::min);
+pub fn in_flight_series(
+    records: &[RequestRecord],
+    replicas: &[String],
+    points: usize,
+) -> Vec<(f64, Vec<usize>)> {
+    let start = records
+        .iter()
+        .map(|r| r.sent_ms)
+        .fold(f64::INFINITY, f64::min);
     let end = records.iter().map(|r| r.end_ms).fold(0.0, f64::max);
     if !(end > start) || points == 0 {
         return Vec::new();
@@ -245,7 +291,9 @@ pub fn in_flight_series(records: &[RequestRecord], replicas: &[String], points: 
                 .map(|name| {
                     records
                         .iter()
-                        .filter(|r| r.replica.as_deref() == Some(name) && r.sent_ms <= t && t < r.end_ms)
+                        .filter(|r| {
+                            r.replica.as_deref() == Some(name) && r.sent_ms <= t && t < r.end_ms
+                        })
                         .count()
                 })
                 .collect();
@@ -293,7 +341,7 @@ mod tests {
             rec(1, "r0", 500.0, 2000.0, 3000.0, true),
             rec(2, "r1", 1000.0, 50.0, 2000.0, false),
         ];
-        let s = run_stats(&records, &[], 1000.0);
+        let s = run_stats(&records, &[], 1000.0, 1.0);
         assert_eq!((s.ok, s.errors), (2, 1));
         assert_eq!(s.error_kinds.get("HTTP 503"), Some(&1));
         assert_eq!(s.kv_hit_rate, Some(0.5));

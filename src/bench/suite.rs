@@ -144,7 +144,10 @@ pub async fn run_plan(plan: &Plan, o: &SuiteOptions) -> Result<Report, BenchErro
                 let label = format!("{} @ {rate} req/s / {}", w.name, policy.label());
                 eprintln!("kvbench: {label}");
                 let started = Instant::now();
-                let result = run_one(plan, w, policy, &trace, &views, &bound, &tok_dir, o, block_size).await;
+                let result = run_one(
+                    plan, w, policy, &trace, &views, &bound, &tok_dir, o, block_size,
+                )
+                .await;
                 eprintln!(
                     "kvbench:   {} in {:.1} s",
                     match (&result.failed, &result.stats) {
@@ -175,16 +178,28 @@ fn fastest(fleet: &[ReplicaGroup]) -> (StepProfile, u32) {
         .iter()
         .filter_map(|g| {
             let p = StepProfile::builtin(&g.profile)?;
-            Some((p, g.max_num_batched_tokens.unwrap_or(p.max_num_batched_tokens)))
+            Some((
+                p,
+                g.max_num_batched_tokens.unwrap_or(p.max_num_batched_tokens),
+            ))
         })
-        .min_by(|a, b| a.0.prefill_ms(0, 1000, a.1).total_cmp(&b.0.prefill_ms(0, 1000, b.1)))
+        .min_by(|a, b| {
+            a.0.prefill_ms(0, 1000, a.1)
+                .total_cmp(&b.0.prefill_ms(0, 1000, b.1))
+        })
         .unwrap_or_else(|| {
-            let p = StepProfile::builtin(crate::sim::profile::DEFAULT_PROFILE).expect("default profile");
+            let p = StepProfile::builtin(crate::sim::profile::DEFAULT_PROFILE)
+                .expect("default profile");
             (p, p.max_num_batched_tokens)
         })
 }
 
-fn replica_config(plan: &Plan, group: &ReplicaGroup, name: String, kv_events: bool) -> ReplicaConfig {
+fn replica_config(
+    plan: &Plan,
+    group: &ReplicaGroup,
+    name: String,
+    kv_events: bool,
+) -> ReplicaConfig {
     ReplicaConfig {
         name,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -225,7 +240,13 @@ fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult
 
 fn safe(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -250,7 +271,11 @@ async fn run_one(
     if let Err(e) = std::fs::create_dir_all(&dir) {
         return failed(w, rate, p, e.to_string());
     }
-    match run_stack(plan, w, p, trace, views, bound, tok_dir, o, block_size, &dir).await {
+    match run_stack(
+        plan, w, p, trace, views, bound, tok_dir, o, block_size, &dir,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => failed(w, rate, p, e.to_string()),
     }
@@ -296,17 +321,23 @@ async fn run_stack(
         })
         .collect();
     let config_path = dir.join("kvrouter.yaml");
-    std::fs::write(&config_path, render_router(&probe)).map_err(|e| BenchError::Io(e.to_string()))?;
+    std::fs::write(&config_path, render_router(&probe))
+        .map_err(|e| BenchError::Io(e.to_string()))?;
     procs::check_config(&bins.kvrouter, &config_path).map_err(BenchError::Config)?;
 
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
-    let make_config = move |g: &ReplicaGroup, name: String| replica_config(&plan_c, g, name, kv_events);
+    let make_config =
+        move |g: &ReplicaGroup, name: String| replica_config(&plan_c, g, name, kv_events);
     let mut replicas = Vec::new();
     let mut i = 0;
     for g in plan.fleet_of(w) {
         for _ in 0..g.count {
-            replicas.push(ReplicaProc::start(&bins.kvsim, dir, make_config(g, format!("r{i}")))?);
+            replicas.push(ReplicaProc::start(
+                &bins.kvsim,
+                dir,
+                make_config(g, format!("r{i}")),
+            )?);
             i += 1;
         }
     }
@@ -333,7 +364,11 @@ async fn run_stack(
     let addrs: Vec<SocketAddr> = fleet.replicas.iter().map(|r| r.addr).collect();
     envoy.wait_for_hosts(&addrs).await?;
     let targets: scrape::Targets = Arc::new(RwLock::new(
-        fleet.replicas.iter().map(|r| (r.name().to_string(), r.addr)).collect(),
+        fleet
+            .replicas
+            .iter()
+            .map(|r| (r.name().to_string(), r.addr))
+            .collect(),
     ));
     let fleet = Arc::new(Mutex::new(fleet));
 
@@ -392,8 +427,12 @@ async fn run_stack(
     drop(envoy);
     drop(fleet);
 
-    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms);
-    let ttft_ok: Vec<f64> = records.iter().filter(|r| r.ok()).filter_map(|r| r.ttft_ms()).collect();
+    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms, plan.time_scale);
+    let ttft_ok: Vec<f64> = records
+        .iter()
+        .filter(|r| r.ok())
+        .filter_map(|r| r.ttft_ms())
+        .collect();
     let bound_ratio = {
         let m = stats::mean(&bound.ttft_ms).unwrap_or(0.0);
         let p90 = stats::percentile(&bound.ttft_ms, 0.9).unwrap_or(0.0);
@@ -401,7 +440,9 @@ async fn run_stack(
             bound_mean_ms: m,
             bound_p90_ms: p90,
             mean_ratio: stats::mean(&ttft_ok).filter(|_| m > 0.0).map(|v| v / m),
-            p90_ratio: stats::percentile(&ttft_ok, 0.9).filter(|_| p90 > 0.0).map(|v| v / p90),
+            p90_ratio: stats::percentile(&ttft_ok, 0.9)
+                .filter(|_| p90 > 0.0)
+                .map(|v| v / p90),
         }
     };
     let cross_tenant = trace

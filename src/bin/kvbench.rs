@@ -48,7 +48,11 @@ struct RunArgs {
     #[arg(long, env = "KVROUTER_ENVOY", default_value = ".venv/bin/envoy")]
     envoy: PathBuf,
     /// Directory holding tokenizer directories (qwen3/, llama3/, ...).
-    #[arg(long, env = "KVROUTER_TOKENIZERS_DIR", default_value = ".cache/tokenizers")]
+    #[arg(
+        long,
+        env = "KVROUTER_TOKENIZERS_DIR",
+        default_value = ".cache/tokenizers"
+    )]
     tokenizers: PathBuf,
     /// Only this workload (repeatable).
     #[arg(long = "workload")]
@@ -77,7 +81,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Report { results, out } => {
-            let dir = out.unwrap_or_else(|| results.parent().map(PathBuf::from).unwrap_or_default());
+            let dir =
+                out.unwrap_or_else(|| results.parent().map(PathBuf::from).unwrap_or_default());
             let done = Report::read(&results).and_then(|mut r| r.finish(&dir));
             if let Err(e) = done {
                 eprintln!("kvbench: {e}");
@@ -128,7 +133,14 @@ fn run(args: RunArgs) -> ExitCode {
         let mut report = bench::run_plan(&plan, &options).await?;
         if let (Some(spec), false) = (&plan.overhead, args.no_overhead) {
             eprintln!("kvbench: router overhead");
-            match bench::overhead::measure(spec, &binaries, &args.out.join("runs/overhead"), &plan.model).await {
+            match bench::overhead::measure(
+                spec,
+                &binaries,
+                &args.out.join("runs/overhead"),
+                &plan.model,
+            )
+            .await
+            {
                 Ok(o) => report.overhead = Some(o),
                 Err(e) => eprintln!("kvbench: router overhead not measured: {e}"),
             }

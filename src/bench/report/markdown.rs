@@ -75,32 +75,48 @@ pub fn render(r: &Report, plots: &[String]) -> String {
                 let _ = writeln!(
                     o,
                     "| {} | {} | {} | {} | {} | {} | {:.0} | {:.1} | {} | {:.0} |",
-                    run.workload, run.rate, run.label, rep.replica, rep.requests, ms(rep.ttft_p50_ms),
-                    rep.max_waiting, rep.mean_waiting, rep.max_in_flight, rep.preemptions
+                    run.workload,
+                    run.rate,
+                    run.label,
+                    rep.replica,
+                    rep.requests,
+                    ms(rep.ttft_p50_ms),
+                    rep.max_waiting,
+                    rep.mean_waiting,
+                    rep.max_in_flight,
+                    rep.preemptions
                 );
             }
         }
     }
     let _ = writeln!(o, "\n## Load generator and machine\n");
-    let _ = writeln!(o, "| workload | rate | policy | real s | bench CPU | replicas CPU | kvrouter CPU | Envoy CPU | capped | decision p50 us | p99 us |");
-    let _ = writeln!(o, "|{}", "---|".repeat(11));
+    let _ = writeln!(o, "| workload | rate | policy | real s | bench CPU | replicas CPU | kvrouter CPU | Envoy CPU | late | lag p99 real ms | decision p50 us | p99 us |");
+    let _ = writeln!(o, "|{}", "---|".repeat(12));
     for run in r.runs.iter().filter(|r| r.stats.is_some()) {
         let c = &run.cpu;
         let pct = |s: f64| format!("{:.0}%", 100.0 * s / c.wall_s.max(1e-9));
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
-            run.workload, run.rate, run.label, c.wall_s, pct(c.bench_s), pct(c.replicas_s),
-            pct(c.router_s), pct(c.envoy_s),
-            run.stats.as_ref().map_or(0, |s| s.capped),
+            "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+            run.workload,
+            run.rate,
+            run.label,
+            c.wall_s,
+            pct(c.bench_s),
+            pct(c.replicas_s),
+            pct(c.router_s),
+            pct(c.envoy_s),
+            run.stats.as_ref().map_or(0, |s| s.late),
+            run.stats.as_ref().map_or(0.0, |s| s.lag_p99_real_ms),
             ms(run.decision.quantile(0.5).map(|s| s * 1e6)),
             ms(run.decision.quantile(0.99).map(|s| s * 1e6)),
         );
     }
     let _ = writeln!(
         o,
-        "\nCPU as a share of one core over the run's real duration. *capped*: requests the \
-         load generator's concurrency cap held back (0 means the generator kept the schedule)."
+        "\nCPU as a share of one core over the run's real duration. *late*: requests sent \
+         more than 5 real ms after their scheduled time; *lag*: send time minus scheduled time \
+         (small values mean the load generator kept its schedule and is not the bottleneck)."
     );
     overhead(&mut o, r);
     if !plots.is_empty() {
@@ -158,9 +174,16 @@ fn must_show(o: &mut String, r: &Report) {
             o,
             "- **Shared prefix at high load** (`{}` at {} req/s): {} TTFT p90 {} ms vs {} {} ms = \
              **{}** (goal <= 0.05x); vs best other cache-aware {} = **{}** (goal <= 0.5x).",
-            c.workload, c.rate, spec.subject, ms(c.subject_p90_ms), spec.baseline,
-            ms(c.baseline_p90_ms), x(c.vs_baseline),
-            c.best_cache_aware.as_ref().map_or("-".into(), |(l, v)| format!("{l} ({} ms)", ms(Some(*v)))),
+            c.workload,
+            c.rate,
+            spec.subject,
+            ms(c.subject_p90_ms),
+            spec.baseline,
+            ms(c.baseline_p90_ms),
+            x(c.vs_baseline),
+            c.best_cache_aware
+                .as_ref()
+                .map_or("-".into(), |(l, v)| format!("{l} ({} ms)", ms(Some(*v)))),
             x(c.vs_best_cache_aware)
         );
     }
@@ -168,12 +191,26 @@ fn must_show(o: &mut String, r: &Report) {
         let _ = writeln!(
             o,
             "- **Unique prompts** (`{}`): {} / {} TTFT mean {}, p50 {}, p90 {}: {}.",
-            u.workload, spec.subject, spec.baseline, x(u.mean_ratio), x(u.p50_ratio), x(u.p90_ratio),
-            if u.within_5_percent { "within 5%" } else { "NOT within 5% (the honest number)" }
+            u.workload,
+            spec.subject,
+            spec.baseline,
+            x(u.mean_ratio),
+            x(u.p50_ratio),
+            x(u.p90_ratio),
+            if u.within_5_percent {
+                "within 5%"
+            } else {
+                "NOT within 5% (the honest number)"
+            }
         );
     }
     if !a.hot_prefix.is_empty() {
-        let _ = writeln!(o, "- **Hot prefix** (`{}`): a queue runs away when its last-quarter mean is >= {RUNAWAY_MIN_QUEUE} and >= 2x its first-quarter mean.", spec.hot_prefix);
+        let yes = |v: Option<bool>| v.map_or("not run", |v| if v { "yes" } else { "no" });
+        let _ = writeln!(
+            o,
+            "- **Hot prefix** (`{}`): {} kept every queue bounded: **{}**; {} ran a queue away: **{}**. A queue runs away when its last-quarter mean is >= {RUNAWAY_MIN_QUEUE} and >= 2x its first-quarter mean.",
+            spec.hot_prefix, spec.subject, yes(a.hot_prefix_verdict.0), spec.affinity, yes(a.hot_prefix_verdict.1)
+        );
         for q in &a.hot_prefix {
             let _ = writeln!(
                 o,
@@ -187,7 +224,11 @@ fn must_show(o: &mut String, r: &Report) {
     if !a.multi_tenant.is_empty() {
         let _ = writeln!(o, "- **Multi-tenant** (`{}`): cross-tenant cache hits (a hit beyond what the tenant's own earlier requests on that replica could provide):", spec.multi_tenant);
         for (label, c) in &a.multi_tenant {
-            let _ = writeln!(o, "  - {label}: **{}** requests ({} tokens) of {} checked hits", c.requests, c.tokens, c.checked);
+            let _ = writeln!(
+                o,
+                "  - {label}: **{}** requests ({} tokens) of {} checked hits",
+                c.requests, c.tokens, c.checked
+            );
         }
     }
     if !a.kill_restart.is_empty() {
@@ -250,7 +291,11 @@ fn overhead(o: &mut String, r: &Report) {
         .map(|&(le, c)| {
             let n = c - prev;
             prev = c;
-            if le.is_infinite() { format!("+Inf: {n:.0}") } else { format!("{}: {n:.0}", le * 1e6) }
+            if le.is_infinite() {
+                format!("+Inf: {n:.0}")
+            } else {
+                format!("{}: {n:.0}", le * 1e6)
+            }
         })
         .collect();
     let _ = writeln!(o, "`{}`", cells.join(", "));

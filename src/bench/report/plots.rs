@@ -35,7 +35,13 @@ fn color(i: usize) -> RGBColor {
 
 fn safe(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -49,7 +55,12 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
             keys.push((run.workload.clone(), run.rate));
         }
     }
-    let labels: Vec<String> = r.plan.policies.iter().map(|p| p.label().to_string()).collect();
+    let labels: Vec<String> = r
+        .plan
+        .policies
+        .iter()
+        .map(|p| p.label().to_string())
+        .collect();
     let color_of = |label: &str| color(labels.iter().position(|l| l == label).unwrap_or(9));
     for (w, rate) in &keys {
         let runs: Vec<&RunResult> = r
@@ -58,14 +69,27 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
             .filter(|x| &x.workload == w && x.rate == *rate && x.stats.is_some())
             .collect();
         let name = format!("ttft-cdf-{}-{rate}.svg", safe(w));
-        ttft_cdf(&dir.join(&name), &format!("TTFT CDF: {w} at {rate} req/s"), &runs, &color_of)?;
+        ttft_cdf(
+            &dir.join(&name),
+            &format!("TTFT CDF: {w} at {rate} req/s"),
+            &runs,
+            &color_of,
+        )?;
         out.push(format!("plots/{name}"));
         let name = format!("load-{}-{rate}.svg", safe(w));
-        load_over_time(&dir.join(&name), &format!("Requests in flight per replica: {w} at {rate} req/s"), &runs)?;
+        load_over_time(
+            &dir.join(&name),
+            &format!("Requests in flight per replica: {w} at {rate} req/s"),
+            &runs,
+        )?;
         out.push(format!("plots/{name}"));
         if runs.iter().any(|x| !x.events.is_empty()) {
             let name = format!("timeline-{}-{rate}.svg", safe(w));
-            timeline(&dir.join(&name), &format!("TTFT over time with events: {w}"), &runs)?;
+            timeline(
+                &dir.join(&name),
+                &format!("TTFT over time with events: {w}"),
+                &runs,
+            )?;
             out.push(format!("plots/{name}"));
         }
     }
@@ -92,29 +116,78 @@ fn ttft_cdf(
     let series: Vec<(String, Vec<f64>)> = runs
         .iter()
         .map(|r| {
-            let mut v: Vec<f64> = r.records.iter().filter(|x| x.ok()).filter_map(|x| x.ttft_ms()).collect();
+            let mut v: Vec<f64> = r
+                .records
+                .iter()
+                .filter(|x| x.ok())
+                .filter_map(|x| x.ttft_ms())
+                .collect();
             v.sort_by(f64::total_cmp);
             (r.label.clone(), v)
         })
         .collect();
-    let max = series.iter().flat_map(|s| s.1.last()).copied().fold(1.0, f64::max);
-    let min = series.iter().flat_map(|s| s.1.first()).copied().fold(max, f64::min).max(0.1);
+    let max = series
+        .iter()
+        .flat_map(|s| s.1.last())
+        .copied()
+        .fold(1.0, f64::max);
+    let min = series
+        .iter()
+        .flat_map(|s| s.1.first())
+        .copied()
+        .fold(max, f64::min)
+        .max(0.1);
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d((min * 0.9..max * 1.1).log_scale(), 0.0..1.0)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("TTFT, simulated ms (log)")
-        .y_desc("fraction of requests")
-        .draw()
-        .map_err(err)?;
-    for (label, v) in &series {
+    // Log scale only when TTFTs span more than a decade (plotters labels short log ranges
+    // poorly).
+    if max / min > 20.0 {
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((min * 0.9..max * 1.1).log_scale(), 0.0..1.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("TTFT, simulated ms (log)")
+            .y_desc("fraction of requests")
+            .draw()
+            .map_err(err)?;
+        cdf_lines(&mut chart, &series, color_of)?;
+    } else {
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..max * 1.05, 0.0..1.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("TTFT, simulated ms")
+            .y_desc("fraction of requests")
+            .draw()
+            .map_err(err)?;
+        cdf_lines(&mut chart, &series, color_of)?;
+    }
+    root.present().map_err(err)
+}
+
+fn cdf_lines<'a, X>(
+    chart: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+    >,
+    series: &[(String, Vec<f64>)],
+    color_of: &dyn Fn(&str) -> RGBColor,
+) -> Result<(), BenchError>
+where
+    X: Ranged<ValueType = f64>,
+{
+    for (label, v) in series {
         let n = v.len().max(1) as f64;
         let c = color_of(label);
         chart
@@ -132,11 +205,15 @@ fn ttft_cdf(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)
+        .map_err(err)
 }
 
-fn ttft_vs_rate(path: &Path, workload: &str, r: &Report, labels: &[String]) -> Result<(), BenchError> {
+fn ttft_vs_rate(
+    path: &Path,
+    workload: &str,
+    r: &Report,
+    labels: &[String],
+) -> Result<(), BenchError> {
     let mut lines: Vec<(String, usize, Vec<(f64, f64, f64)>)> = Vec::new();
     for (i, label) in labels.iter().enumerate() {
         let mut pts: Vec<(f64, f64, f64)> = r
@@ -155,17 +232,26 @@ fn ttft_vs_rate(path: &Path, workload: &str, r: &Report, labels: &[String]) -> R
     }
     let xs = lines.iter().flat_map(|l| l.2.iter().map(|p| p.0));
     let (xmin, xmax) = xs.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
-    let ys: Vec<f64> = lines.iter().flat_map(|l| l.2.iter().flat_map(|p| [p.1, p.2])).collect();
+    let ys: Vec<f64> = lines
+        .iter()
+        .flat_map(|l| l.2.iter().flat_map(|p| [p.1, p.2]))
+        .collect();
     let ymax = ys.iter().copied().fold(1.0, f64::max);
     let ymin = ys.iter().copied().fold(ymax, f64::min).max(0.1);
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("TTFT vs request rate: {workload} (solid p90, dashed p50)"), ("sans-serif", 20))
+        .caption(
+            format!("TTFT vs request rate: {workload} (solid p90, dashed p50)"),
+            ("sans-serif", 20),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(xmin * 0.9..xmax * 1.05, (ymin * 0.8..ymax * 1.25).log_scale())
+        .build_cartesian_2d(
+            xmin * 0.9..xmax * 1.05,
+            (ymin * 0.8..ymax * 1.25).log_scale(),
+        )
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -176,7 +262,10 @@ fn ttft_vs_rate(path: &Path, workload: &str, r: &Report, labels: &[String]) -> R
     for (label, i, pts) in &lines {
         let c = color(*i);
         chart
-            .draw_series(LineSeries::new(pts.iter().map(|p| (p.0, p.2)), c.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                pts.iter().map(|p| (p.0, p.2)),
+                c.stroke_width(2),
+            ))
             .map_err(err)?
             .label(label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
@@ -184,7 +273,12 @@ fn ttft_vs_rate(path: &Path, workload: &str, r: &Report, labels: &[String]) -> R
             .draw_series(pts.iter().map(|p| Circle::new((p.0, p.2), 3, c.filled())))
             .map_err(err)?;
         chart
-            .draw_series(DashedLineSeries::new(pts.iter().map(|p| (p.0, p.1)), 6, 4, c.stroke_width(1)))
+            .draw_series(DashedLineSeries::new(
+                pts.iter().map(|p| (p.0, p.1)),
+                6,
+                4,
+                c.stroke_width(1),
+            ))
             .map_err(err)?;
     }
     chart
@@ -212,11 +306,20 @@ fn load_over_time(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), B
         .flat_map(|r| r.records.iter().map(|x| x.end_ms / 1000.0))
         .fold(1.0, f64::max);
     for (run, area) in runs.iter().zip(areas) {
-        let mut names: Vec<String> = run.records.iter().filter_map(|x| x.replica.clone()).collect();
+        let mut names: Vec<String> = run
+            .records
+            .iter()
+            .filter_map(|x| x.replica.clone())
+            .collect();
         names.sort_by_key(|n| (n.len(), n.clone()));
         names.dedup();
         let series = in_flight_series(&run.records, &names, 300);
-        let ymax = series.iter().flat_map(|s| s.1.iter().copied()).max().unwrap_or(1).max(1) as f64;
+        let ymax = series
+            .iter()
+            .flat_map(|s| s.1.iter().copied())
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64;
         let mut chart = ChartBuilder::on(&area)
             .caption(&run.label, ("sans-serif", 15))
             .margin(8)
@@ -239,7 +342,9 @@ fn load_over_time(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), B
                 ))
                 .map_err(err)?
                 .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -286,7 +391,11 @@ fn timeline(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), BenchEr
             .map_err(err)?;
         chart
             .draw_series(run.records.iter().filter(|x| x.ok()).filter_map(|x| {
-                Some(Circle::new((x.sent_ms / 1000.0, x.ttft_ms()?), 2, color(0).filled()))
+                Some(Circle::new(
+                    (x.sent_ms / 1000.0, x.ttft_ms()?),
+                    2,
+                    color(0).filled(),
+                ))
             }))
             .map_err(err)?;
         chart

@@ -140,7 +140,8 @@ pub fn engine_ids(
     req: &TraceRequest,
     model: &str,
 ) -> Result<Vec<u32>, BenchError> {
-    let body = serde_json::to_vec(&req.body(model)).map_err(|e| BenchError::Trace(e.to_string()))?;
+    let body =
+        serde_json::to_vec(&req.body(model)).map_err(|e| BenchError::Trace(e.to_string()))?;
     let parsed = crate::request::parse(crate::request::ApiKind::ChatCompletions, &body)
         .map_err(|e| BenchError::Trace(e.to_string()))?;
     engine
@@ -265,7 +266,9 @@ impl Zipf {
     pub fn sample(&self, rng: &mut StdRng) -> usize {
         let total = *self.cumulative.last().unwrap_or(&1.0);
         let x = rng.random_range(0.0..total);
-        self.cumulative.partition_point(|&c| c <= x).min(self.cumulative.len() - 1)
+        self.cumulative
+            .partition_point(|&c| c <= x)
+            .min(self.cumulative.len() - 1)
     }
 }
 
@@ -344,7 +347,10 @@ pub(crate) mod tests {
         let a = trace_of(&w, vec![ReplicaGroup::default()]);
         let b = trace_of(&w, vec![ReplicaGroup::default()]);
         assert_eq!(a.requests, b.requests);
-        let faster = WorkloadSpec { rate: 40.0, ..w.clone() };
+        let faster = WorkloadSpec {
+            rate: 40.0,
+            ..w.clone()
+        };
         let c = trace_of(&faster, vec![ReplicaGroup::default()]);
         for (x, y) in a.requests.iter().zip(&c.requests).skip(1) {
             assert_eq!(x.messages, y.messages);

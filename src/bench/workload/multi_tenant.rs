@@ -41,7 +41,11 @@ pub(super) fn generate(
             "{} tenants share one {}-token system prompt; cache_salt {}",
             s.tenants,
             s.system_tokens,
-            if s.cache_salt { "per tenant" } else { "OFF (negative control)" }
+            if s.cache_salt {
+                "per tenant"
+            } else {
+                "OFF (negative control)"
+            }
         )],
     })
 }

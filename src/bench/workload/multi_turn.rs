@@ -107,7 +107,11 @@ mod tests {
                 assert_eq!(r.messages[p.messages.len()].role, "assistant");
             }
         }
-        let firsts = t.requests.iter().filter(|r| matches!(r.start, Start::At(_))).count();
+        let firsts = t
+            .requests
+            .iter()
+            .filter(|r| matches!(r.start, Start::At(_)))
+            .count();
         assert_eq!(firsts, 3);
     }
 }

@@ -94,12 +94,22 @@ mod tests {
         );
         let t = trace_of(&w, fleet);
         let groups = t.requests.iter().map(|r| r.group).max().unwrap() + 1;
-        assert!((15..=35).contains(&groups), "{groups} groups; {:?}", t.notes);
+        assert!(
+            (15..=35).contains(&groups),
+            "{groups} groups; {:?}",
+            t.notes
+        );
         assert_eq!(t.requests.len(), 60);
         for r in &t.requests {
-            let same = t.requests.iter().find(|o| o.group == r.group && o.id != r.id);
+            let same = t
+                .requests
+                .iter()
+                .find(|o| o.group == r.group && o.id != r.id);
             if let Some(o) = same {
-                assert_eq!(o.messages[0], r.messages[0], "a group shares its system prompt");
+                assert_eq!(
+                    o.messages[0], r.messages[0],
+                    "a group shares its system prompt"
+                );
                 assert_ne!(o.messages[1], r.messages[1], "questions differ");
             }
         }

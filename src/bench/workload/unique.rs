@@ -32,6 +32,9 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
-        notes: vec![format!("{total} unique prompts of {} tokens", s.prompt_tokens)],
+        notes: vec![format!(
+            "{total} unique prompts of {} tokens",
+            s.prompt_tokens
+        )],
     })
 }
