@@ -166,6 +166,9 @@ pub struct WorkloadSpec {
     pub fleet: Option<Vec<ReplicaGroup>>,
     /// Scenario events at simulated times.
     pub events: Vec<EventSpec>,
+    /// This workload's time scale (e.g. lower for a high request rate the machine must drive
+    /// in real time). Default: the plan's.
+    pub time_scale: Option<f64>,
 }
 
 impl Default for WorkloadSpec {
@@ -179,6 +182,7 @@ impl Default for WorkloadSpec {
             output_tokens: 32,
             fleet: None,
             events: Vec::new(),
+            time_scale: None,
         }
     }
 }
@@ -548,6 +552,9 @@ impl Plan {
             if w.output_tokens == 0 {
                 errors.push(format!("{at}.output_tokens must be > 0"));
             }
+            if w.time_scale.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+                errors.push(format!("{at}.time_scale must be > 0"));
+            }
             if w.requests == Some(0) {
                 errors.push(format!("{at}.requests must be > 0"));
             }
@@ -578,6 +585,11 @@ impl Plan {
             errors.push("workloads must list at least one workload".into());
         }
         errors
+    }
+
+    /// The time scale of `workload`.
+    pub fn time_scale_of(&self, workload: &WorkloadSpec) -> f64 {
+        workload.time_scale.unwrap_or(self.time_scale)
     }
 
     /// The fleet of `workload`.

@@ -40,7 +40,7 @@ pub fn render(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> String {
     let mut root = Mapping::new();
     root.insert(
         "server".into(),
-        yaml(&format!("{{reload_interval_ms: 100, log_format: text}}")),
+        yaml("{reload_interval_ms: 100, log_format: text}"),
     );
     let mut envoy = Mapping::new();
     envoy.insert(

@@ -27,6 +27,11 @@ pub struct EventRecord {
     pub outcome: String,
 }
 
+/// Builds a replica's config from its group and name.
+pub type MakeConfig = Box<dyn Fn(&ReplicaGroup, String) -> crate::sim::ReplicaConfig + Send + Sync>;
+/// Renders kvrouter's config for a replica list.
+pub type RenderRouter = Box<dyn Fn(&[EndpointInfo]) -> String + Send + Sync>;
+
 /// The run's mutable fleet.
 pub struct Fleet {
     /// Every replica started in this run (added ones at the end).
@@ -36,9 +41,9 @@ pub struct Fleet {
     /// Run directory (logs, fleet files).
     pub dir: PathBuf,
     /// Builds a replica's config from a group and a name.
-    pub make_config: Box<dyn Fn(&ReplicaGroup, String) -> crate::sim::ReplicaConfig + Send + Sync>,
+    pub make_config: MakeConfig,
     /// Renders the router config for a replica list.
-    pub render_router: Box<dyn Fn(&[EndpointInfo]) -> String + Send + Sync>,
+    pub render_router: RenderRouter,
     /// The first group (default settings of an added replica).
     pub default_group: ReplicaGroup,
 }

@@ -119,8 +119,47 @@ pub struct RunStats {
     /// 99th percentile of send lag (sent - scheduled), real ms: the load generator's own
     /// schedule error.
     pub lag_p99_real_ms: f64,
+    /// Cold start: the first fifth of the requests (by send time) against the rest.
+    pub warmup: Warmup,
     /// Per replica.
     pub replicas: Vec<ReplicaStats>,
+}
+
+/// How a run started cold: its first fifth of requests (by send time) against the rest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Warmup {
+    /// KV hit rate of the first fifth.
+    pub first_hit_rate: Option<f64>,
+    /// KV hit rate of the rest.
+    pub rest_hit_rate: Option<f64>,
+    /// Median TTFT of the first fifth, simulated ms.
+    pub first_ttft_p50_ms: Option<f64>,
+    /// Median TTFT of the rest.
+    pub rest_ttft_p50_ms: Option<f64>,
+}
+
+fn warmup(records: &[RequestRecord]) -> Warmup {
+    let mut sorted: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
+    sorted.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
+    let cut = sorted.len() / 5;
+    let (first, rest) = sorted.split_at(cut);
+    let hit = |rs: &[&RequestRecord]| {
+        let prompt: u64 = rs.iter().filter_map(|r| r.prompt_tokens).sum();
+        let cached: u64 = rs.iter().filter_map(|r| r.cached_tokens).sum();
+        (prompt > 0).then(|| cached as f64 / prompt as f64)
+    };
+    let p50 = |rs: &[&RequestRecord]| {
+        percentile(
+            &rs.iter().filter_map(|r| r.ttft_ms()).collect::<Vec<_>>(),
+            0.5,
+        )
+    };
+    Warmup {
+        first_hit_rate: hit(first),
+        rest_hit_rate: hit(rest),
+        first_ttft_p50_ms: p50(first),
+        rest_ttft_p50_ms: p50(rest),
+    }
 }
 
 /// Computes a run's numbers.
@@ -195,6 +234,7 @@ pub fn run_stats(
             0.99,
         )
         .unwrap_or(0.0),
+        warmup: warmup(records),
         replicas,
     }
 }
@@ -279,7 +319,7 @@ pub fn in_flight_series(
         .map(|r| r.sent_ms)
         .fold(f64::INFINITY, f64::min);
     let end = records.iter().map(|r| r.end_ms).fold(0.0, f64::max);
-    if !(end > start) || points == 0 {
+    if end <= start || !end.is_finite() || !start.is_finite() || points == 0 {
         return Vec::new();
     }
     let step = (end - start) / points as f64;

@@ -196,6 +196,7 @@ fn fastest(fleet: &[ReplicaGroup]) -> (StepProfile, u32) {
 
 fn replica_config(
     plan: &Plan,
+    time_scale: f64,
     group: &ReplicaGroup,
     name: String,
     kv_events: bool,
@@ -209,7 +210,7 @@ fn replica_config(
         num_gpu_blocks: group.num_gpu_blocks,
         max_num_seqs: group.max_num_seqs,
         max_num_batched_tokens: group.max_num_batched_tokens,
-        time_scale: plan.time_scale,
+        time_scale,
         kv_events: kv_events.then(|| KvEventsConfig {
             endpoint: "tcp://*:0".into(),
             topic: String::new(),
@@ -327,8 +328,9 @@ async fn run_stack(
 
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
+    let scale = plan.time_scale_of(w);
     let make_config =
-        move |g: &ReplicaGroup, name: String| replica_config(&plan_c, g, name, kv_events);
+        move |g: &ReplicaGroup, name: String| replica_config(&plan_c, scale, g, name, kv_events);
     let mut replicas = Vec::new();
     let mut i = 0;
     for g in plan.fleet_of(w) {
@@ -384,7 +386,7 @@ async fn run_stack(
     let before = cpu_at(&fleet.lock());
     let clock = SimClock {
         t0: Instant::now() + Duration::from_millis(100),
-        scale: plan.time_scale,
+        scale: plan.time_scale_of(w),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let scraper = tokio::spawn(scrape::scrape_replicas(
@@ -427,7 +429,7 @@ async fn run_stack(
     drop(envoy);
     drop(fleet);
 
-    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms, plan.time_scale);
+    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms, plan.time_scale_of(w));
     let ttft_ok: Vec<f64> = records
         .iter()
         .filter(|r| r.ok())

@@ -54,11 +54,12 @@ pub fn render(r: &Report, plots: &[String]) -> String {
     for w in &r.workloads {
         let _ = writeln!(
             o,
-            "- **{}** ({}, {} req/s, {} requests{}): {}; lower bound TTFT mean {} ms, p90 {} ms on {}.",
+            "- **{}** ({}, {} req/s, {} requests, time scale {}{}): {}; lower bound TTFT mean {} ms, p90 {} ms on {}.",
             w.name,
             w.kind,
             w.rate,
             w.requests,
+            w.time_scale,
             if w.events > 0 { format!(", {} scenario events", w.events) } else { String::new() },
             w.notes.join("; "),
             ms(Some(w.bound_mean_ms)),
@@ -87,6 +88,31 @@ pub fn render(r: &Report, plots: &[String]) -> String {
                     rep.preemptions
                 );
             }
+        }
+    }
+    let _ = writeln!(o, "\n## Cold start\n");
+    let _ = writeln!(
+        o,
+        "Every run starts on empty caches. The first fifth of each run's requests (by send time) \
+         against the rest:\n"
+    );
+    let _ = writeln!(o, "| workload | rate | policy | KV hit first | KV hit rest | TTFT p50 first | TTFT p50 rest |");
+    let _ = writeln!(o, "|{}", "---|".repeat(7));
+    let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
+    for run in &r.runs {
+        if let Some(s) = &run.stats {
+            let w = &s.warmup;
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                run.workload,
+                run.rate,
+                run.label,
+                pct(w.first_hit_rate),
+                pct(w.rest_hit_rate),
+                ms(w.first_ttft_p50_ms),
+                ms(w.rest_ttft_p50_ms)
+            );
         }
     }
     let _ = writeln!(o, "\n## Load generator and machine\n");

@@ -39,6 +39,8 @@ pub struct WorkloadInfo {
     pub bound_profile: String,
     /// Scenario events of the workload (as planned).
     pub events: usize,
+    /// The workload's time scale.
+    pub time_scale: f64,
 }
 
 /// Everything a bench produced.
@@ -88,6 +90,7 @@ impl Report {
             bound_p90_ms: stats::percentile(&bound.ttft_ms, 0.9).unwrap_or(0.0),
             bound_profile: bound.profile.clone(),
             events: w.events.len(),
+            time_scale: self.plan.time_scale_of(w),
         });
     }
 

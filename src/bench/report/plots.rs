@@ -83,7 +83,7 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
             &runs,
         )?;
         out.push(format!("plots/{name}"));
-        if runs.iter().any(|x| !x.events.is_empty()) {
+        if runs.iter().any(|x| !x.events.is_empty()) || *w == r.plan.analysis.shared_prefix {
             let name = format!("timeline-{}-{rate}.svg", safe(w));
             timeline(
                 &dir.join(&name),
@@ -153,6 +153,8 @@ fn ttft_cdf(
             .configure_mesh()
             .x_desc("TTFT, simulated ms (log)")
             .y_desc("fraction of requests")
+            .x_labels(8)
+            .x_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(err)?;
         cdf_lines(&mut chart, &series, color_of)?;
@@ -214,7 +216,9 @@ fn ttft_vs_rate(
     r: &Report,
     labels: &[String],
 ) -> Result<(), BenchError> {
-    let mut lines: Vec<(String, usize, Vec<(f64, f64, f64)>)> = Vec::new();
+    // (label, colour index, [(rate, p50, p90)])
+    type Line = (String, usize, Vec<(f64, f64, f64)>);
+    let mut lines: Vec<Line> = Vec::new();
     for (i, label) in labels.iter().enumerate() {
         let mut pts: Vec<(f64, f64, f64)> = r
             .runs
@@ -257,6 +261,8 @@ fn ttft_vs_rate(
         .configure_mesh()
         .x_desc("request rate, per simulated second")
         .y_desc("TTFT, simulated ms (log)")
+        .y_labels(8)
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(err)?;
     for (label, i, pts) in &lines {
@@ -380,13 +386,15 @@ fn timeline(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), BenchEr
             .caption(&run.label, ("sans-serif", 15))
             .margin(8)
             .x_label_area_size(30)
-            .y_label_area_size(45)
+            .y_label_area_size(60)
             .build_cartesian_2d(0.0..tmax * 1.02, (ymin * 0.5..ymax * 1.5).log_scale())
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("sent at, simulated s")
             .y_desc("TTFT ms (log)")
+            .y_labels(6)
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(err)?;
         chart
