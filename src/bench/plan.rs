@@ -36,6 +36,10 @@ pub struct Plan {
     /// Also configure kvrouter with this tokenizer for `model` (as a deployment would). Default
     /// true.
     pub router_tokenizer: bool,
+    /// Give the replicas the same tokenizer files (kvsim's `tokenizer`), so engine token ids
+    /// match the router's. Needs a kvsim built with a tokenizer loader. Default false: kvsim's
+    /// word-piece fallback.
+    pub replica_tokenizer: bool,
     /// Simulated time runs this many times faster than real time on every replica. Default 5.
     pub time_scale: f64,
     /// The TTFT objective for goodput, in simulated ms. Default 1000.
@@ -68,6 +72,7 @@ impl Default for Plan {
             model: "demo-model".into(),
             tokenizer: "qwen3".into(),
             router_tokenizer: true,
+            replica_tokenizer: false,
             time_scale: 5.0,
             slo_ttft_ms: 1000.0,
             scrape_interval_ms: 200,

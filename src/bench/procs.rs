@@ -351,6 +351,8 @@ impl EnvoyProc {
     /// Starts Envoy (one worker thread, hot restart off) with `yaml`, whose listener and admin
     /// must be on port 0, and waits for both.
     pub async fn start(bin: &Path, dir: &Path, yaml: &str) -> Result<EnvoyProc, BenchError> {
+        // Envoy runs in `dir`: give it absolute paths.
+        let dir = &std::path::absolute(dir).map_err(|e| BenchError::Process(e.to_string()))?;
         let config = dir.join("envoy.yaml");
         std::fs::write(&config, yaml).map_err(|e| BenchError::Process(e.to_string()))?;
         let admin_path = dir.join("envoy-admin.txt");

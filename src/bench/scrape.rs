@@ -126,12 +126,22 @@ pub fn parse_prometheus(text: &str) -> Vec<(String, f64)> {
 /// A Prometheus histogram read from `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Histogram {
-    /// `(upper bound, cumulative count)`, ascending; `+Inf` last.
+    /// `(upper bound, cumulative count)`, ascending; `+Inf` last (written as `null` in JSON,
+    /// which has no infinity).
+    #[serde(deserialize_with = "buckets_from_json")]
     pub buckets: Vec<(f64, f64)>,
     /// Sum of observations.
     pub sum: f64,
     /// Observations.
     pub count: f64,
+}
+
+fn buckets_from_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(f64, f64)>, D::Error> {
+    let raw: Vec<(Option<f64>, f64)> = Deserialize::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(le, c)| (le.unwrap_or(f64::INFINITY), c))
+        .collect())
 }
 
 impl Histogram {
@@ -236,5 +246,8 @@ mod tests {
             "the +Inf bucket answers its lower bound"
         );
         assert_eq!(Histogram::default().quantile(0.5), None);
+        let json = serde_json::to_string(&h).unwrap();
+        let back: Histogram = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, h, "+Inf survives JSON as null");
     }
 }

@@ -26,7 +26,9 @@ use super::vocab::{self, Vocab};
 use super::workload::{self, Trace};
 use super::BenchError;
 use crate::sim::profile::StepProfile;
-use crate::sim::{KvEventsConfig, PromptTokenizer, ReplicaConfig, WordPieceTokenizer};
+use crate::sim::{
+    KvEventsConfig, PromptTokenizer, ReplicaConfig, TokenizerPaths, WordPieceTokenizer,
+};
 
 /// How to run a plan.
 #[derive(Debug, Clone)]
@@ -109,8 +111,10 @@ pub struct RunResult {
     pub samples: Vec<ReplicaSample>,
 }
 
-/// The engine tokenizer the bench assumes the replicas use (kvsim's word-piece fallback until
-/// replicas load real tokenizers; then build the same one here).
+/// The engine tokenizer the bench assumes the replicas use, for the lower bound and the
+/// cross-tenant check: kvsim's word-piece fallback. With `replica_tokenizer: true` the replicas
+/// tokenize with real files instead; until this returns the same tokenizer for that case, each
+/// run's `token_mismatches` shows the disagreement.
 pub fn engine_tokenizer() -> Arc<dyn PromptTokenizer> {
     Arc::new(WordPieceTokenizer::default())
 }
@@ -196,6 +200,7 @@ fn fastest(fleet: &[ReplicaGroup]) -> (StepProfile, u32) {
 
 fn replica_config(
     plan: &Plan,
+    tokenizer: Option<&Path>,
     time_scale: f64,
     group: &ReplicaGroup,
     name: String,
@@ -214,6 +219,11 @@ fn replica_config(
         kv_events: kv_events.then(|| KvEventsConfig {
             endpoint: "tcp://*:0".into(),
             topic: String::new(),
+        }),
+        tokenizer: tokenizer.map(|dir| TokenizerPaths {
+            tokenizer_json: dir.join("tokenizer.json"),
+            tokenizer_config: Some(dir.join("tokenizer_config.json")).filter(|p| p.is_file()),
+            chat_template: Some(dir.join("chat_template.jinja")).filter(|p| p.is_file()),
         }),
         ..ReplicaConfig::default()
     }
@@ -329,8 +339,10 @@ async fn run_stack(
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
     let scale = plan.time_scale_of(w);
-    let make_config =
-        move |g: &ReplicaGroup, name: String| replica_config(&plan_c, scale, g, name, kv_events);
+    let replica_tok = plan.replica_tokenizer.then(|| tok_dir.to_path_buf());
+    let make_config = move |g: &ReplicaGroup, name: String| {
+        replica_config(&plan_c, replica_tok.as_deref(), scale, g, name, kv_events)
+    };
     let mut replicas = Vec::new();
     let mut i = 0;
     for g in plan.fleet_of(w) {

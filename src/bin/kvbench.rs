@@ -95,7 +95,13 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run(args: RunArgs) -> ExitCode {
+fn run(mut args: RunArgs) -> ExitCode {
+    // Processes run in their own directories: every path they get must be absolute.
+    for p in [&mut args.out, &mut args.envoy, &mut args.tokenizers] {
+        if let Ok(abs) = std::path::absolute(&*p) {
+            *p = abs;
+        }
+    }
     let plan = match Plan::load(&args.plan) {
         Ok(p) => p,
         Err(e) => {

@@ -87,7 +87,7 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
             let name = format!("timeline-{}-{rate}.svg", safe(w));
             timeline(
                 &dir.join(&name),
-                &format!("TTFT over time with events: {w}"),
+                &format!("TTFT over time: {w} at {rate} req/s"),
                 &runs,
             )?;
             out.push(format!("plots/{name}"));
@@ -337,6 +337,7 @@ fn load_over_time(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), B
             .configure_mesh()
             .x_desc("simulated s")
             .y_desc("in flight")
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(err)?;
         for (i, name) in names.iter().enumerate() {
