@@ -1,6 +1,7 @@
 //! The benchmark tool end to end on a tiny plan: real kvsim replicas, kvrouter and Envoy on
 //! loopback, two policies on one trace, a policy kvrouter does not know (its run fails, the
-//! bench goes on), the multi-tenant check with and without `cache_salt`, and the report files.
+//! bench goes on), conversation turns, a replica killed and restarted, the multi-tenant check
+//! with and without `cache_salt`, and the report files.
 //! Seconds, not a benchmark: nothing here asserts a latency.
 
 mod common;
@@ -60,7 +61,12 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         .unwrap();
     report.finish(out.path()).unwrap();
 
-    for w in ["shared-prefix", "multi-tenant", "multi-tenant-unsalted"] {
+    for w in [
+        "shared-prefix",
+        "multi-tenant",
+        "multi-tenant-unsalted",
+        "multi-turn",
+    ] {
         for label in ["round-robin", "least-loaded"] {
             let run = report
                 .runs
@@ -93,6 +99,35 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         let why = unknown.failed.as_deref().unwrap_or("");
         assert!(why.contains("kvrouter rejected the config"), "{why}");
     }
+    // Later turns resend the conversation: they find its earlier blocks cached.
+    let turns = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "multi-turn" && r.label == "least-loaded")
+        .unwrap();
+    assert_eq!(turns.records.len(), 9);
+    assert!(turns.stats.as_ref().unwrap().kv_hit_rate.unwrap() > 0.3);
+
+    // Kill and restart: both done, every request accounted for, the disturbance computed.
+    let killed = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "kill-restart" && r.label == "least-loaded")
+        .unwrap();
+    assert!(killed.failed.is_none(), "{:?}", killed.failed);
+    let outcomes: Vec<&str> = killed.events.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["ok", "ok"], "{:?}", killed.events);
+    assert_eq!(killed.records.len(), 16);
+    let analysis = report.analysis.as_ref().unwrap();
+    assert!(
+        analysis
+            .kill_restart
+            .iter()
+            .any(|d| d.label == "least-loaded"),
+        "{:?}",
+        analysis.kill_restart
+    );
+
     // Identical traces: the same prompts reached the replicas under both policies.
     let tokens = |label: &str| -> Vec<Option<u64>> {
         let run = report

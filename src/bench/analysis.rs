@@ -319,3 +319,186 @@ fn disturbance(r: &RunResult) -> Option<Disturbance> {
         recovery_ms,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::plan::Plan;
+    use crate::bench::scenario::EventRecord;
+    use crate::bench::scrape::Histogram;
+    use crate::bench::stats::{ReplicaStats, RunStats};
+    use crate::bench::suite::CpuUse;
+
+    fn record(id: usize, sent: f64, ttft: f64, ok: bool) -> RequestRecord {
+        RequestRecord {
+            id,
+            group: 0,
+            tenant: None,
+            scheduled_ms: sent,
+            sent_ms: sent,
+            first_token_ms: Some(sent + ttft),
+            end_ms: sent + ttft + 10.0,
+            status: if ok { 200 } else { 0 },
+            error: (!ok).then(|| "stream: reset".into()),
+            replica: Some("r0".into()),
+            prompt_tokens: Some(10),
+            cached_tokens: Some(0),
+            completion_tokens: Some(1),
+        }
+    }
+
+    fn run(workload: &str, label: &str, stats: RunStats, records: Vec<RequestRecord>) -> RunResult {
+        RunResult {
+            workload: workload.into(),
+            kind: "k".into(),
+            rate: 1.0,
+            label: label.into(),
+            policy: label.into(),
+            failed: None,
+            stats: Some(stats),
+            bound: None,
+            cross_tenant: None,
+            decision: Histogram::default(),
+            cpu: CpuUse::default(),
+            events: Vec::new(),
+            token_mismatches: 0,
+            records,
+            samples: Vec::new(),
+        }
+    }
+
+    fn with_p90(p90: f64) -> RunStats {
+        let mut s = RunStats::default();
+        s.ttft_ms.p90 = Some(p90);
+        s.ttft_ms.p50 = Some(p90 / 2.0);
+        s.ttft_ms.mean = Some(p90 / 2.0);
+        s
+    }
+
+    fn replica(name: &str, first: f64, last: f64, requests: usize) -> ReplicaStats {
+        ReplicaStats {
+            replica: name.into(),
+            requests,
+            waiting_first_quarter: first,
+            waiting_last_quarter: last,
+            max_waiting: last.max(first),
+            ..ReplicaStats::default()
+        }
+    }
+
+    #[test]
+    fn ratios_runaway_queues_and_disturbance() {
+        let mut plan = Plan::default();
+        plan.analysis.subject = "s".into();
+        plan.analysis.baseline = "b".into();
+        plan.analysis.cache_aware = vec!["c1".into(), "c2".into(), "s".into()];
+        plan.analysis.affinity = "c1".into();
+        plan.analysis.shared_prefix = "sp".into();
+        plan.analysis.unique = "u".into();
+        plan.analysis.hot_prefix = "hot".into();
+        plan.analysis.kill_restart = "kill".into();
+        let mut report = Report::new(plan);
+        for (label, p90) in [("s", 50.0), ("b", 2000.0), ("c1", 400.0), ("c2", 100.0)] {
+            report
+                .runs
+                .push(run("sp", label, with_p90(p90), Vec::new()));
+        }
+        report.runs.push(run("u", "s", with_p90(104.0), Vec::new()));
+        report.runs.push(run("u", "b", with_p90(100.0), Vec::new()));
+        let hot = |reps: Vec<ReplicaStats>| RunStats {
+            replicas: reps,
+            ..RunStats::default()
+        };
+        report.runs.push(run(
+            "hot",
+            "c1",
+            hot(vec![
+                replica("r0", 3.0, 40.0, 70),
+                replica("r1", 1.0, 0.5, 30),
+            ]),
+            Vec::new(),
+        ));
+        report.runs.push(run(
+            "hot",
+            "s",
+            hot(vec![
+                replica("r0", 3.0, 7.0, 50),
+                replica("r1", 0.0, 6.0, 50),
+            ]),
+            Vec::new(),
+        ));
+        // Kill at 100 ms, restart at 200 ms; TTFT 10 before, 100 while down, then back to 10
+        // from 250 ms on.
+        let mut records: Vec<RequestRecord> = (0..40)
+            .map(|i| {
+                let t = i as f64 * 10.0;
+                let ttft = if (100.0..250.0).contains(&t) {
+                    100.0
+                } else {
+                    10.0
+                };
+                record(i, t, ttft, true)
+            })
+            .collect();
+        records.push(record(40, 95.0, 5.0, false));
+        let mut killed = run("kill", "s", RunStats::default(), records);
+        killed.stats.as_mut().unwrap().errors = 1;
+        killed.events = vec![
+            EventRecord {
+                at_ms: 100.0,
+                action: Action::Kill,
+                replica: "r0".into(),
+                outcome: "ok".into(),
+            },
+            EventRecord {
+                at_ms: 200.0,
+                action: Action::Restart,
+                replica: "r0".into(),
+                outcome: "ok".into(),
+            },
+        ];
+        report.runs.push(killed);
+
+        let a = analyse(&report);
+        let sp = a.shared_prefix.unwrap();
+        assert_eq!(sp.vs_baseline, Some(0.025));
+        assert_eq!(
+            sp.best_cache_aware,
+            Some(("c2".to_string(), 100.0)),
+            "the subject is not its own rival"
+        );
+        assert_eq!(sp.vs_best_cache_aware, Some(0.5));
+        let u = a.unique.unwrap();
+        assert!((u.p90_ratio.unwrap() - 1.04).abs() < 1e-9);
+        assert!(u.within_5_percent);
+        let c1 = a.hot_prefix.iter().find(|q| q.label == "c1").unwrap();
+        assert_eq!(c1.runaway, vec!["r0".to_string()]);
+        assert!((c1.busiest_share - 0.7).abs() < 1e-9);
+        let s = a.hot_prefix.iter().find(|q| q.label == "s").unwrap();
+        assert!(
+            s.runaway.is_empty(),
+            "below the minimum queue, growth is not a runaway"
+        );
+        assert_eq!(a.hot_prefix_verdict, (Some(true), Some(true)));
+        let d = &a.kill_restart[0];
+        assert_eq!(d.before_p90_ms, Some(10.0));
+        assert_eq!(d.down_p90_ms, Some(100.0));
+        assert_eq!(
+            d.recovery_ms,
+            Some(50.0),
+            "ten good requests in a row from 250 ms"
+        );
+        assert_eq!(d.errors, 1);
+        assert!(a.missing.is_empty(), "{:?}", a.missing);
+    }
+
+    #[test]
+    fn missing_runs_are_named() {
+        let mut plan = Plan::default();
+        plan.analysis.shared_prefix = "sp".into();
+        let a = analyse(&Report::new(plan));
+        assert_eq!(a.missing.len(), 2, "{:?}", a.missing);
+        assert!(a.missing[0].contains("predicted-ttft"));
+        assert_eq!(a.shared_prefix.unwrap().vs_baseline, None);
+    }
+}
