@@ -91,7 +91,7 @@ pub struct Trace {
     pub workload: String,
     /// Mean arrival rate, requests per simulated second.
     pub rate: f64,
-    /// The requests, in id order (timed arrivals are in time order).
+    /// The requests, in id order.
     pub requests: Vec<TraceRequest>,
     /// Header carrying `TraceRequest::tenant`, if the workload has tenants.
     pub tenant_header: Option<String>,
