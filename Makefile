@@ -49,3 +49,16 @@ fmt:
 clean:
 	cargo clean
 	rm -rf $(VENV) .run .cache
+
+.PHONY: bench bench-full
+
+## The quick policy benchmark (kvbench, see docs/bench.md): report in bench-out/quick/report.md.
+## BENCH_ARGS passes more flags, e.g. BENCH_ARGS='--policy least-loaded --workload unique'.
+bench: release envoy tokenizers
+	target/release/kvbench run --plan quick --out bench-out/quick \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+## Every workload and scenario, longer runs: report in bench-out/full/report.md.
+bench-full: release envoy tokenizers
+	target/release/kvbench run --plan full --out bench-out/full \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)

@@ -25,11 +25,14 @@
 //! - [`telemetry`]: logging and Prometheus metrics.
 //! - [`sim`]: a vLLM-compatible replica simulator (used by tests and benchmarks, never by the
 //!   router).
+//! - [`bench`]: the `kvbench` benchmark tool: seeded workloads from real tokenizers, policy
+//!   comparison runs through Envoy + kvrouter on simulated replicas, JSON/Markdown/SVG report.
 //! - [`cli`] / [`serve`]: the `kvrouter` binary's commands.
 
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod discovery;

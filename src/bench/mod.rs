@@ -1,0 +1,73 @@
+//! The benchmark tool behind the `kvbench` binary: generates seeded workloads from real
+//! tokenizers' vocabularies, drives them open loop through Envoy + kvrouter against a fleet of
+//! simulated replicas, once per routing policy on the identical trace, and writes a JSON +
+//! Markdown + SVG report. See `docs/bench.md`.
+//!
+//! # Layout
+//!
+//! - [`plan`]: the YAML plan (fleet, workloads, policies, scenario events, analysis) and the
+//!   built-in presets `quick`, `full`, `smoke`.
+//! - [`vocab`]: prompt text from a tokenizer's vocabulary with exact token counts.
+//! - [`workload`]: one generator per traffic shape, producing a [`workload::Trace`].
+//! - [`procs`]: kvsim / kvrouter / Envoy processes on loopback, killed on drop.
+//! - [`routercfg`]: the kvrouter config of a run (policy by name, merged extra YAML).
+//! - [`client`] / [`runner`]: the streaming client and the open-loop load generator.
+//! - [`scrape`]: replica and router metrics while a run goes.
+//! - [`scenario`]: kill, restart, add, fail and stall events during a run.
+//! - [`oracle`]: the lower bound and the cross-tenant hit check, from engine tokens.
+//! - [`stats`] / [`analysis`]: a run's numbers, and the "must show" comparisons.
+//! - [`overhead`]: router overhead (direct, Envoy alone, Envoy + kvrouter).
+//! - [`suite`]: runs a plan, policy by policy, on fresh processes.
+//! - [`report`]: JSON, Markdown and SVG output.
+//!
+//! Times are simulated unless a field says real: the replicas run `time_scale` times faster
+//! than real time and every client-side measurement is multiplied back. Router and Envoy
+//! overhead is real time, so it is inflated by the same factor in simulated figures.
+
+pub mod analysis;
+pub mod client;
+pub mod oracle;
+pub mod overhead;
+pub mod plan;
+pub mod procs;
+pub mod report;
+pub mod routercfg;
+pub mod runner;
+pub mod scenario;
+pub mod scrape;
+pub mod stats;
+pub mod suite;
+pub mod vocab;
+pub mod workload;
+
+pub use plan::Plan;
+pub use report::Report;
+pub use suite::{run_plan, SuiteOptions};
+
+/// Why the bench (or one part of it) could not go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BenchError {
+    /// The plan is invalid.
+    #[error("plan {origin}: {message}")]
+    Plan {
+        /// Preset name or file.
+        origin: String,
+        /// Every problem, with field paths.
+        message: String,
+    },
+    /// The prompt tokenizer could not be loaded.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A trace could not be built.
+    #[error("trace: {0}")]
+    Trace(String),
+    /// kvrouter rejected the run's config (e.g. an unknown policy name).
+    #[error("kvrouter rejected the config: {0}")]
+    Config(String),
+    /// A process did not start or misbehaved.
+    #[error("process: {0}")]
+    Process(String),
+    /// Reading or writing output.
+    #[error("io: {0}")]
+    Io(String),
+}
