@@ -30,6 +30,7 @@ fn candidates(n: usize) -> Vec<CandidateView> {
                 load: LoadSnapshot {
                     in_flight_requests: h % 32,
                     in_flight_prefill_tokens: (h >> 5) % 65_536,
+                    in_flight_prefilling: h % 16,
                     requests_total: h % 10_000,
                 },
                 max_in_flight: (h % 5 == 0).then_some(24),

@@ -176,9 +176,21 @@ pub struct PredictedTtftConfig {
     /// prefill), in ms. Default 0.5.
     pub running_request_ms: f64,
     /// Extra time per request waiting in the endpoint's engine queue (scraped
-    /// `num_requests_waiting`, only when fresh): requests waiting for a batch slot or KV blocks,
-    /// which the router's own token count does not show, in ms. Default 100.
+    /// `num_requests_waiting`, only when fresh) beyond the requests the router itself has
+    /// routed there and not yet seen a first byte of (those are already counted by their
+    /// prefill tokens): traffic that bypassed the router, in ms. Default 100.
     pub waiting_request_ms: f64,
+    /// Weight of the delay this request's own prefill imposes on the requests that will queue
+    /// behind it on the endpoint (estimated by the queue there now). The ranking cost is
+    /// `predicted TTFT + externality_weight * prefill_ms * queue length`: 0 ranks by this
+    /// request's predicted TTFT alone (greedy; under high load it spills cached prefixes to cold
+    /// replicas and wastes capacity on recomputation), 1 charges the full delay. Default 1.
+    pub externality_weight: f64,
+    /// Also exclude endpoints that the scraped engine signals call saturated
+    /// (`policy.saturation`'s queue and KV-usage thresholds). Default false: the cost already
+    /// charges every queue, and a hard cut at a threshold moves cached prefixes to cold replicas
+    /// exactly when every replica is busy. Configured `max_in_flight` limits always apply.
+    pub engine_saturation: bool,
     /// Predictions within this fraction of the best count as a tie, broken towards the lighter
     /// endpoint. Default 0.02.
     pub tie_tolerance: f64,
@@ -191,6 +203,8 @@ impl Default for PredictedTtftConfig {
             base_ms: 0.0,
             running_request_ms: 0.5,
             waiting_request_ms: 100.0,
+            externality_weight: 1.0,
+            engine_saturation: false,
             tie_tolerance: 0.02,
         }
     }

@@ -93,6 +93,31 @@ impl Config {
             "policy.least_loaded.tokens_per_request",
             self.policy.least_loaded.tokens_per_request,
         );
+        let t = &self.policy.predicted_ttft;
+        positive_finite(
+            &mut errors,
+            "policy.predicted_ttft.default_prefill_tokens_per_s",
+            t.default_prefill_tokens_per_s,
+        );
+        for (field, value) in [
+            ("base_ms", t.base_ms),
+            ("running_request_ms", t.running_request_ms),
+            ("waiting_request_ms", t.waiting_request_ms),
+            ("externality_weight", t.externality_weight),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                errors.push(
+                    format!("policy.predicted_ttft.{field}"),
+                    format!("must be a finite number >= 0 (got {value})"),
+                );
+            }
+        }
+        if !(0.0..1.0).contains(&t.tie_tolerance) {
+            errors.push(
+                "policy.predicted_ttft.tie_tolerance",
+                format!("must be in [0, 1) (got {})", t.tie_tolerance),
+            );
+        }
 
         self.validate_models(&mut errors);
         self.validate_tenancy(&mut errors);
@@ -388,6 +413,14 @@ pools:
             (
                 "policy: {least_loaded: {tokens_per_request: -1}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "policy.least_loaded.tokens_per_request: must be a finite number > 0",
+            ),
+            (
+                "policy: {predicted_ttft: {externality_weight: -0.5}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "policy.predicted_ttft.externality_weight: must be a finite number >= 0 (got -0.5)",
+            ),
+            (
+                "policy: {predicted_ttft: {tie_tolerance: 1}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "policy.predicted_ttft.tie_tolerance: must be in [0, 1) (got 1)",
             ),
             (
                 "models: [{name: m}, {name: m}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",

@@ -27,6 +27,7 @@ pub use learned::{Learned, LearnedSnapshot, TtftContext};
 pub struct EndpointLoad {
     in_flight_requests: AtomicU64,
     in_flight_prefill_tokens: AtomicU64,
+    in_flight_prefilling: AtomicU64,
     requests_total: AtomicU64,
     /// The engine's own load, as last scraped.
     pub engine: EngineState,
@@ -43,6 +44,9 @@ pub struct LoadSnapshot {
     /// Estimated prompt tokens of in-flight requests that have not produced a first byte yet
     /// (still queued or prefilling).
     pub in_flight_prefill_tokens: u64,
+    /// In-flight requests that have not produced a first byte yet (still queued or
+    /// prefilling): the router's view of the endpoint's prefill queue.
+    pub in_flight_prefilling: u64,
     /// Requests ever routed here.
     pub requests_total: u64,
 }
@@ -53,6 +57,7 @@ impl EndpointLoad {
         LoadSnapshot {
             in_flight_requests: self.in_flight_requests.load(Ordering::Relaxed),
             in_flight_prefill_tokens: self.in_flight_prefill_tokens.load(Ordering::Relaxed),
+            in_flight_prefilling: self.in_flight_prefilling.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
         }
     }
@@ -62,10 +67,12 @@ impl EndpointLoad {
         self.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight_prefill_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
+        self.in_flight_prefilling.fetch_add(1, Ordering::Relaxed);
         self.requests_total.fetch_add(1, Ordering::Relaxed);
         InflightGuard {
             load: Arc::clone(self),
             prefill_tokens: prompt_tokens,
+            prefilling: true,
         }
     }
 }
@@ -76,12 +83,19 @@ pub struct InflightGuard {
     load: Arc<EndpointLoad>,
     /// Prompt tokens still counted as waiting for prefill (0 after [`Self::prefill_done`]).
     prefill_tokens: u64,
+    /// Still counted in `in_flight_prefilling`.
+    prefilling: bool,
 }
 
 impl InflightGuard {
     /// The first response byte arrived: the prompt is prefilled, only decode remains.
     /// Idempotent.
     pub fn prefill_done(&mut self) {
+        if std::mem::take(&mut self.prefilling) {
+            self.load
+                .in_flight_prefilling
+                .fetch_sub(1, Ordering::Relaxed);
+        }
         let tokens = std::mem::take(&mut self.prefill_tokens);
         if tokens > 0 {
             self.load
@@ -117,12 +131,14 @@ mod tests {
             LoadSnapshot {
                 in_flight_requests: 2,
                 in_flight_prefill_tokens: 150,
+                in_flight_prefilling: 2,
                 requests_total: 2
             }
         );
         a.prefill_done();
         a.prefill_done();
         assert_eq!(load.snapshot().in_flight_prefill_tokens, 50);
+        assert_eq!(load.snapshot().in_flight_prefilling, 1);
         assert_eq!(load.snapshot().in_flight_requests, 2);
         drop(a);
         drop(b);
@@ -148,6 +164,7 @@ mod tests {
         });
         let s = load.snapshot();
         assert_eq!((s.in_flight_requests, s.in_flight_prefill_tokens), (0, 0));
+        assert_eq!(s.in_flight_prefilling, 0);
         assert_eq!(s.requests_total, 4000);
     }
 }

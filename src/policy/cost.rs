@@ -8,17 +8,34 @@
 //!         + uncached_tokens(e) / prefill_speed(e) its own prefill, minus what e has cached
 //! queue_wait(e) = prefill tokens in flight on e / prefill_speed(e)
 //!               + running_request_ms * requests running on e
-//!               + waiting_request_ms * requests waiting in e's engine queue (scraped, if fresh)
+//!               + waiting_request_ms * hidden requests waiting in e's engine queue
 //!               + ttft_residual(e)                 learned: how much slower than predicted e is
 //! ```
 //!
 //! "Prefill tokens in flight" are the uncached prompt tokens of requests routed to `e` that have
 //! not produced a first token yet: the prefill work the engine must finish first (FCFS).
 //! Requests already decoding slow each engine step a little (`running_request_ms` each).
-//! Requests in the engine's own waiting queue wait for a batch slot (`max_num_seqs` reached) or
-//! for KV blocks, which the router's token count does not see; each costs `waiting_request_ms`.
-//! Speeds are per endpoint (configured or learned), so unequal GPUs are compared fairly. The
-//! design's worked example is the test below.
+//! "Hidden" waiting requests are those in the engine's scraped queue beyond the ones the router
+//! routed there and still awaits a first byte of (traffic that bypassed the router); each costs
+//! `waiting_request_ms`. Speeds are per endpoint (configured or learned), so unequal GPUs are
+//! compared fairly. The design's worked example is the test below.
+//!
+//! The policy ranks by a cost, not by the prediction alone:
+//!
+//! ```text
+//! cost(e) = ttft(e) + externality_weight * prefill_ms(e) * queue_len(e)
+//! ```
+//!
+//! Minimising each request's own TTFT is greedy: under load, the replica holding a prefix
+//! always has some queue, so a cold replica looks a little faster, the request is sent there and
+//! its whole prompt is recomputed. That recomputation delays every request that queues behind
+//! it; the fleet spends its capacity recomputing prefixes and the queues run away (the
+//! benchmark's shared-prefix workload at high load shows it). The second term charges that
+//! delay: the request's own prefill time times the number of requests expected to wait behind
+//! it, estimated by the number waiting on `e` now (in a steady state, the queue an arrival finds
+//! is the queue that builds behind it). Idle fleets have no queues and rank by TTFT alone; loaded
+//! ones keep prefixes where they are cached unless the holder's queue outweighs the
+//! recomputation everyone else would pay for.
 
 use super::{CandidateView, RequestView};
 use crate::config::PredictedTtftConfig;
@@ -34,6 +51,11 @@ pub struct Prediction {
     pub residual_ms: f64,
     /// The total, `base_ms + queue_ms + prefill_ms`.
     pub ttft_ms: f64,
+    /// The delay this request's prefill imposes on the requests expected to queue behind it,
+    /// weighted (`externality_weight * prefill_ms * queue length`).
+    pub externality_ms: f64,
+    /// What the policy minimises: `ttft_ms + externality_ms`.
+    pub cost_ms: f64,
 }
 
 /// The cost model's constants.
@@ -43,8 +65,10 @@ pub struct CostModel {
     pub base_ms: f64,
     /// Slow-down per request running on the endpoint, ms.
     pub running_request_ms: f64,
-    /// Wait per request queued in the engine (scraped, when fresh), ms.
+    /// Wait per hidden request queued in the engine (scraped, when fresh), ms.
     pub waiting_request_ms: f64,
+    /// Weight of the delay imposed on the requests queued behind (0: greedy TTFT).
+    pub externality_weight: f64,
 }
 
 impl From<&PredictedTtftConfig> for CostModel {
@@ -53,6 +77,7 @@ impl From<&PredictedTtftConfig> for CostModel {
             base_ms: c.base_ms,
             running_request_ms: c.running_request_ms,
             waiting_request_ms: c.waiting_request_ms,
+            externality_weight: c.externality_weight,
         }
     }
 }
@@ -76,12 +101,26 @@ impl CostModel {
         self.base_ms + self.running_request_ms * Self::running(c)
     }
 
+    /// Requests in the engine's queue that the router does not know of (scraped, when fresh).
+    fn hidden_waiting(c: &CandidateView) -> f64 {
+        c.engine.map_or(0, |e| {
+            e.waiting_requests
+                .saturating_sub(c.load.in_flight_prefilling)
+        }) as f64
+    }
+
+    /// Requests waiting for prefill on `c`: the router's own not-yet-answered requests, or the
+    /// engine's queue when it is longer (and fresh).
+    pub fn queue_len(c: &CandidateView) -> f64 {
+        let engine = c.engine.map_or(0, |e| e.waiting_requests);
+        c.load.in_flight_prefilling.max(engine) as f64
+    }
+
     /// Time the work already on `c` takes before this request's prefill starts, ms.
     pub fn queue_ms(&self, c: &CandidateView) -> f64 {
-        let waiting = c.engine.map_or(0, |e| e.waiting_requests) as f64;
         self.prefill_ms(c.load.in_flight_prefill_tokens, c)
             + self.running_request_ms * Self::running(c)
-            + self.waiting_request_ms * waiting
+            + self.waiting_request_ms * Self::hidden_waiting(c)
             + Self::residual(c)
     }
 
@@ -97,11 +136,15 @@ impl CostModel {
     pub fn predict(&self, request: &RequestView, c: &CandidateView) -> Prediction {
         let queue_ms = self.queue_ms(c);
         let prefill_ms = self.prefill_ms(c.uncached_tokens(request), c);
+        let ttft_ms = self.base_ms + queue_ms + prefill_ms;
+        let externality_ms = self.externality_weight * prefill_ms * Self::queue_len(c);
         Prediction {
             queue_ms,
             prefill_ms,
             residual_ms: Self::residual(c),
-            ttft_ms: self.base_ms + queue_ms + prefill_ms,
+            ttft_ms,
+            externality_ms,
+            cost_ms: ttft_ms + externality_ms,
         }
     }
 }
@@ -120,6 +163,7 @@ mod tests {
             base_ms: 0.0,
             running_request_ms: 0.0,
             waiting_request_ms: 0.0,
+            externality_weight: 0.0,
         };
         let prompt = request(4000);
         // 220 ms of queue at 10 tokens/ms is 2,200 prefill tokens ahead; 20 ms is 200.
@@ -149,6 +193,7 @@ mod tests {
             base_ms: 5.0,
             running_request_ms: 1.0,
             waiting_request_ms: 100.0,
+            externality_weight: 0.0,
         };
         let mut fast = cached(1, 2, 0, 0);
         fast.prefill_tokens_per_s = 30_000.0;
@@ -172,6 +217,7 @@ mod tests {
             base_ms: 0.0,
             running_request_ms: 0.0,
             waiting_request_ms: 100.0,
+            externality_weight: 0.0,
         };
         let prompt = request(4000);
         // The holder saves 300 ms of prefill, but its engine queues 4 requests for batch slots
@@ -199,5 +245,31 @@ mod tests {
         );
         holder.ttft_residual_ms = -80.0;
         assert_eq!(model.predict(&prompt, &holder).ttft_ms, 100.0);
+    }
+
+    #[test]
+    fn only_engine_queue_the_router_does_not_know_of_costs_waiting_request_ms() {
+        let model = CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 100.0,
+            externality_weight: 1.0,
+        };
+        // The router awaits first bytes of 3 requests (600 tokens) there; the engine queues 5.
+        let mut c = cached(1, 3, 600, 0);
+        c.load.in_flight_prefilling = 3;
+        c.engine = Some(crate::policy::EngineLoad {
+            waiting_requests: 5,
+            ..Default::default()
+        });
+        let p = model.predict(&request(1000), &c);
+        // 60 ms of known prefill + 2 hidden requests; the request's own 100 ms of prefill
+        // delays the 5 queued.
+        assert_eq!((p.queue_ms, p.prefill_ms, p.ttft_ms), (260.0, 100.0, 360.0));
+        assert_eq!((p.externality_ms, p.cost_ms), (500.0, 860.0));
+        // The router knows of more than the engine queues (some are prefilling): none hidden.
+        c.load.in_flight_prefilling = 7;
+        let p = model.predict(&request(1000), &c);
+        assert_eq!((p.queue_ms, p.externality_ms), (60.0, 700.0));
     }
 }

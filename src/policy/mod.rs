@@ -216,6 +216,7 @@ pub(crate) mod testing {
             load: LoadSnapshot {
                 in_flight_requests: requests,
                 in_flight_prefill_tokens: tokens,
+                in_flight_prefilling: 0,
                 requests_total: 0,
             },
             max_in_flight: None,

@@ -1,6 +1,8 @@
 //! `predicted-ttft` (the default): the candidate with the lowest predicted time to first token
-//! ([`super::cost`]), saturated endpoints filtered out unless all are, near-ties broken towards
-//! the lighter endpoint.
+//! plus the delay its prefill imposes on the requests queued behind it ([`super::cost`]),
+//! endpoints at their `max_in_flight` (and, if asked, those the engine signals call saturated)
+//! filtered out unless all are, near-ties broken towards the lighter
+//! endpoint. The score is minus that cost; the predictions are reported as they are.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -24,7 +26,11 @@ impl PredictedTtft {
     pub fn new(config: &PolicyConfig) -> PredictedTtft {
         PredictedTtft {
             model: CostModel::from(&config.predicted_ttft),
-            saturation: Saturation::from(&config.saturation),
+            saturation: if config.predicted_ttft.engine_saturation {
+                Saturation::from(&config.saturation)
+            } else {
+                Saturation::limits_only()
+            },
             tie_tolerance: config.predicted_ttft.tie_tolerance,
             tokens_per_request: config.least_loaded.tokens_per_request,
             rotation: AtomicUsize::new(0),
@@ -39,17 +45,19 @@ impl Policy for PredictedTtft {
 
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
-        let ttft: Vec<f64> = candidates
+        let predictions: Vec<_> = candidates
             .iter()
-            .map(|c| self.model.predict(request, c).ttft_ms)
+            .map(|c| self.model.predict(request, c))
             .collect();
+        let ttft: Vec<f64> = predictions.iter().map(|p| p.ttft_ms).collect();
+        let cost: Vec<f64> = predictions.iter().map(|p| p.cost_ms).collect();
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let excluded: Vec<usize> = (0..n).filter(|i| !eligible.contains(i)).collect();
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let mut order = order_by(
             &eligible,
-            |i| ttft[i],
+            |i| cost[i],
             self.tie_tolerance,
             load,
             rotation,
@@ -57,7 +65,7 @@ impl Policy for PredictedTtft {
         );
         order.extend(order_by(
             &excluded,
-            |i| ttft[i],
+            |i| cost[i],
             self.tie_tolerance,
             load,
             rotation,
@@ -66,7 +74,7 @@ impl Policy for PredictedTtft {
         Ranking {
             order,
             scores: (0..n)
-                .map(|i| eligible.contains(&i).then_some(-ttft[i]))
+                .map(|i| eligible.contains(&i).then_some(-cost[i]))
                 .collect(),
             predicted_ttft_ms: Some(ttft),
         }
@@ -95,6 +103,36 @@ mod tests {
         let r = p.rank(&prompt, &[cached(1, 3, 4000, 3000), cached(2, 1, 200, 0)]);
         assert_eq!(r.pick(), 1);
         assert_eq!(r.order, vec![1, 0], "the other is the fallback");
+    }
+
+    /// A busy fleet: greedy TTFT would recompute the prefix on a cold replica that is a little
+    /// less busy; the cost charges that recomputation to the requests queued behind it and keeps
+    /// the request on the holder, until the holder's queue outweighs it.
+    #[test]
+    fn under_load_the_holder_keeps_its_prefix_until_its_queue_outweighs_the_recompute() {
+        let with_queue = |port, prefilling, tokens, matched| {
+            let mut c = cached(port, prefilling, tokens, matched);
+            c.load.in_flight_prefilling = prefilling;
+            c
+        };
+        let prompt = request(4000);
+        let holder = with_queue(1, 4, 3500, 3000); // TTFT 350 + 100 = 450 ms
+        let cold = with_queue(2, 2, 200, 0); // TTFT 20 + 400 = 420 ms
+        let mut greedy_config = PolicyConfig::default();
+        greedy_config.predicted_ttft.running_request_ms = 0.0;
+        greedy_config.predicted_ttft.externality_weight = 0.0;
+        let greedy = PredictedTtft::new(&greedy_config);
+        let cands = [holder.clone(), cold.clone()];
+        assert_eq!(greedy.rank(&prompt, &cands).pick(), 1, "greedy recomputes");
+        let r = policy().rank(&prompt, &cands);
+        assert_eq!(r.pick(), 0, "{r:?}");
+        // The predictions are reported unchanged; the scores are minus the costs:
+        // holder 450 + 100 * 4, cold 420 + 400 * 2.
+        assert_eq!(r.predicted_ttft_ms.as_ref().unwrap(), &vec![450.0, 420.0]);
+        assert_eq!(r.scores, vec![Some(-850.0), Some(-1220.0)]);
+        // The holder's queue grows to 12 requests (1,200 ms): 1,300 + 1,200 > 1,220.
+        let swamped = with_queue(1, 12, 12_000, 3000);
+        assert_eq!(policy().rank(&prompt, &[swamped, cold]).pick(), 1);
     }
 
     #[test]
@@ -127,12 +165,13 @@ mod tests {
     }
 
     proptest! {
-        /// Always a full ranking; the pick has the lowest prediction among eligible candidates
-        /// (within the tie tolerance).
+        /// Always a full ranking; the pick has the lowest cost among eligible candidates (within
+        /// the tie tolerance), and the cost is never below the prediction.
         #[test]
         fn pick_is_a_best_prediction(cands in proptest::collection::vec((0u64..20, 0u64..50_000, 0u64..8000, 1_000f64..50_000.0), 1..20), prompt in 1u64..8000) {
             let cands: Vec<CandidateView> = cands.iter().enumerate().map(|(i, &(r, t, m, s))| {
                 let mut c = cached(i as u16 + 1, r, t, m.min(prompt));
+                c.load.in_flight_prefilling = r / 2;
                 c.prefill_tokens_per_s = s;
                 c
             }).collect();
@@ -140,8 +179,10 @@ mod tests {
             let r = p.rank(&request(prompt), &cands);
             assert_permutation(&r, cands.len());
             let ttft = r.predicted_ttft_ms.clone().unwrap();
-            let best = ttft.iter().copied().fold(f64::INFINITY, f64::min);
-            prop_assert!(ttft[r.pick()] <= best * (1.0 + 0.02) + 1e-6);
+            let cost: Vec<f64> = r.scores.iter().map(|s| -s.unwrap()).collect();
+            let best = cost.iter().copied().fold(f64::INFINITY, f64::min);
+            prop_assert!(cost[r.pick()] <= best * (1.0 + 0.02) + 1e-6);
+            prop_assert!(cost.iter().zip(&ttft).all(|(c, t)| c >= t));
         }
     }
 }

@@ -20,6 +20,16 @@ impl Default for Saturation {
     }
 }
 
+impl Saturation {
+    /// Only the configured `max_in_flight` limits; engine signals never saturate.
+    pub fn limits_only() -> Saturation {
+        Saturation {
+            max_waiting_requests: u64::MAX,
+            max_kv_cache_usage: f64::INFINITY,
+        }
+    }
+}
+
 impl From<&SaturationConfig> for Saturation {
     fn from(c: &SaturationConfig) -> Self {
         Saturation {
@@ -76,5 +86,10 @@ mod tests {
         assert!(!f.keep(&r, &c), "queue at the limit");
         c.engine = engine(0, 0.8);
         assert!(!f.keep(&r, &c), "KV at the limit");
+        let limits = Saturation::limits_only();
+        c.engine = engine(1000, 1.0);
+        assert!(limits.keep(&r, &c), "engine signals ignored");
+        c.max_in_flight = Some(3);
+        assert!(!limits.keep(&r, &c), "the configured limit still applies");
     }
 }
