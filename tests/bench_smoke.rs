@@ -43,6 +43,17 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         policy: "no-such-policy".into(),
         ..PolicySpec::default()
     });
+    // The default policy on the engines' KV events, as the quick plan runs it: the replicas
+    // publish, the generated config connects kvrouter to them.
+    plan.policies.push(PolicySpec {
+        label: "predicted-ttft+events".into(),
+        policy: "predicted-ttft".into(),
+        kv_events: true,
+        endpoint_yaml: Some(
+            serde_norway::from_str(r#"{kv_events: {connect: "{kv_events}"}}"#).unwrap(),
+        ),
+        ..PolicySpec::default()
+    });
     // The negative control: the same multi-tenant workload without cache_salt.
     let mut leaky = plan
         .workloads
@@ -67,7 +78,7 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         "multi-tenant-unsalted",
         "multi-turn",
     ] {
-        for label in ["round-robin", "least-loaded"] {
+        for label in ["round-robin", "least-loaded", "predicted-ttft+events"] {
             let run = report
                 .runs
                 .iter()
@@ -99,6 +110,16 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         let why = unknown.failed.as_deref().unwrap_or("");
         assert!(why.contains("kvrouter rejected the config"), "{why}");
     }
+    // The events run really ran the shared prefixes: their blocks were found cached.
+    let events_hits = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "shared-prefix" && r.label == "predicted-ttft+events")
+        .and_then(|r| r.stats.as_ref())
+        .and_then(|s| s.kv_hit_rate)
+        .unwrap();
+    assert!(events_hits > 0.3, "hit rate {events_hits}");
+
     // Later turns resend the conversation: they find its earlier blocks cached.
     let turns = report
         .runs
