@@ -407,7 +407,7 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
     )
     .await;
     // The router's own count for the holder is 0: without the scraped queue, predicted-ttft
-    // would send the hot prefix straight back to it. /debug/explain shows the holder filtered.
+    // would send the hot prefix straight back to it. /debug/explain shows why it does not.
     let explain: serde_json::Value = stack
         .client
         .post(format!("http://{}/debug/explain", stack.router.admin))
@@ -426,7 +426,15 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
         .unwrap()
         .clone();
     assert!(row["matched_tokens"].as_u64().unwrap() > 0, "{row}");
-    assert!(row["score"].is_null(), "saturated: filtered out: {row}");
+    // Its predicted TTFT carries the hidden queue (100 ms per request the router did not
+    // route there), so it ranks below the idle replicas.
+    let waiting = row["engine_waiting_requests"].as_u64().unwrap();
+    assert!(waiting >= 5, "{row}");
+    assert!(
+        row["predicted_ttft_ms"].as_f64().unwrap() >= 100.0 * waiting as f64,
+        "hidden queue priced: {row}"
+    );
+    assert_ne!(row["rank"], 0, "{row}");
     assert_ne!(explain["pick"], holder.to_string(), "{explain}");
 
     let mut counts: HashMap<String, usize> = HashMap::new();

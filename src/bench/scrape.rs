@@ -220,6 +220,41 @@ pub async fn fetch_histogram(url: &str, name: &str) -> Histogram {
     Histogram::from_text(&text, name)
 }
 
+/// Saves kvrouter's view at the end of a run into `dir`: `router-endpoints.json`
+/// (`/debug/endpoints`: load, learned speeds, cache index, KV-event status) and, when the run's
+/// config records decisions (`debug.record_decisions`), `router-decisions.jsonl` (one
+/// explanation per line; hashes and counts, never prompt text). Best effort: a failure only
+/// leaves the files out.
+pub async fn save_router_debug(admin: std::net::SocketAddr, dir: &std::path::Path) {
+    let get = |path: String| async move {
+        reqwest::get(format!("http://{admin}{path}"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    };
+    if let Some(text) = get("/debug/endpoints".into()).await {
+        let _ = std::fs::write(dir.join("router-endpoints.json"), text);
+    }
+    let ids: Vec<String> = get("/debug/decisions".into())
+        .await
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| serde_json::from_value(v["request_ids"].clone()).ok())
+        .unwrap_or_default();
+    if ids.is_empty() {
+        return;
+    }
+    let mut lines = String::new();
+    for id in ids {
+        if let Some(text) = get(format!("/debug/decisions/{id}")).await {
+            lines.push_str(text.trim());
+            lines.push('\n');
+        }
+    }
+    let _ = std::fs::write(dir.join("router-decisions.jsonl"), lines);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

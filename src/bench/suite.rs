@@ -452,6 +452,7 @@ async fn run_stack(
         "kvrouter_decision_duration_seconds",
     )
     .await;
+    scrape::save_router_debug(router.admin, dir).await;
     drop(envoy);
     drop(fleet);
 
