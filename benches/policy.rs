@@ -52,6 +52,7 @@ fn bench_policies(c: &mut Criterion) {
     let request = RequestView {
         prompt_tokens: 4096,
         max_tokens: Some(256),
+        arrivals_per_endpoint_s: 2.0,
     };
     let mut group = c.benchmark_group("policy_rank");
     group.measurement_time(Duration::from_secs(3));

@@ -73,7 +73,10 @@ pub struct LearningConfig {
     /// ... and at most this, tokens per second. Default 1000000.
     pub max_prefill_tokens_per_s: f64,
     /// Also learn each endpoint's TTFT residual (observed minus predicted, e.g. queueing the
-    /// router cannot see) and add it to its predictions. Default true.
+    /// router cannot see) and add it to its predictions. Default false: on the benchmark's
+    /// shared-prefix workload at high load the residual grew fastest on the replicas holding
+    /// the busiest prefixes and pushed their traffic to cold replicas (TTFT p50 0.8-1.3 s with
+    /// it, 0.4 s without); the scraped queue already prices what the router cannot see.
     pub ttft_residual: bool,
     /// Without new samples the residual halves every this many ms, so an endpoint that stopped
     /// receiving traffic because it looked slow is tried again. Default 5000.
@@ -91,7 +94,7 @@ impl Default for LearningConfig {
             min_sample_tokens: 256,
             min_prefill_tokens_per_s: 100.0,
             max_prefill_tokens_per_s: 1_000_000.0,
-            ttft_residual: true,
+            ttft_residual: false,
             residual_half_life_ms: 5000,
             max_residual_ms: 10_000.0,
         }

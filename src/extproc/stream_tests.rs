@@ -21,6 +21,7 @@ use crate::telemetry::Metrics;
 
 const CONFIG: &str = r#"
 routing: {max_body_bytes: 4096, fallback_endpoints: 1}
+load: {learning: {ttft_residual: true}}
 pools:
   - name: p
     models: [m]

@@ -244,7 +244,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn residual_converges_then_decays_without_samples() {
-        let cfg = LearningConfig::default();
+        let cfg = LearningConfig {
+            ttft_residual: true,
+            ..LearningConfig::default()
+        };
         let learned = Learned::default();
         // Predicted 100 ms, observed 400 ms: 300 ms the router cannot see.
         for _ in 0..40 {

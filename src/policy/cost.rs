@@ -23,19 +23,21 @@
 //! The policy ranks by a cost, not by the prediction alone:
 //!
 //! ```text
-//! cost(e) = ttft(e) + externality_weight * prefill_ms(e) * queue_len(e)
+//! cost(e) = ttft(e) + externality_weight * prefill_ms(e) * delayed(e)
+//! delayed(e) = queue_len(e) + arrivals_per_s(e) * prefill_ms(e) / 1000
 //! ```
 //!
-//! Minimising each request's own TTFT is greedy: under load, the replica holding a prefix
-//! always has some queue, so a cold replica looks a little faster, the request is sent there and
-//! its whole prompt is recomputed. That recomputation delays every request that queues behind
-//! it; the fleet spends its capacity recomputing prefixes and the queues run away (the
-//! benchmark's shared-prefix workload at high load shows it). The second term charges that
-//! delay: the request's own prefill time times the number of requests expected to wait behind
-//! it, estimated by the number waiting on `e` now (in a steady state, the queue an arrival finds
-//! is the queue that builds behind it). Idle fleets have no queues and rank by TTFT alone; loaded
-//! ones keep prefixes where they are cached unless the holder's queue outweighs the
-//! recomputation everyone else would pay for.
+//! Minimising each request's own TTFT is greedy: the replica holding a prefix usually has some
+//! work in hand, a cold replica looks as fast or a little faster, the request goes there and
+//! its whole prompt is recomputed. That recomputation delays every request that waits behind
+//! it; the fleet spends its capacity recomputing prefixes (and its KV on duplicates) and under
+//! load the queues run away (the benchmark's shared-prefix workload shows it). The second term
+//! charges that delay: the request's own prefill time times the requests expected to wait
+//! behind it, those queued there now (in a steady state, the queue an arrival finds is the
+//! queue that builds behind it) plus those that arrive there while it prefills (the model's
+//! recent request rate spread over its candidates). An idle fleet has neither, so the cost is
+//! the prediction; a busy one keeps prefixes where they are cached unless the holder's queue
+//! outweighs the recomputation everyone else would pay for.
 
 use super::{CandidateView, RequestView};
 use crate::config::PredictedTtftConfig;
@@ -51,8 +53,8 @@ pub struct Prediction {
     pub residual_ms: f64,
     /// The total, `base_ms + queue_ms + prefill_ms`.
     pub ttft_ms: f64,
-    /// The delay this request's prefill imposes on the requests expected to queue behind it,
-    /// weighted (`externality_weight * prefill_ms * queue length`).
+    /// The delay this request's prefill imposes on the requests expected to wait behind it,
+    /// weighted (`externality_weight * prefill_ms * delayed requests`).
     pub externality_ms: f64,
     /// What the policy minimises: `ttft_ms + externality_ms`.
     pub cost_ms: f64,
@@ -137,7 +139,12 @@ impl CostModel {
         let queue_ms = self.queue_ms(c);
         let prefill_ms = self.prefill_ms(c.uncached_tokens(request), c);
         let ttft_ms = self.base_ms + queue_ms + prefill_ms;
-        let externality_ms = self.externality_weight * prefill_ms * Self::queue_len(c);
+        let arrivals = if request.arrivals_per_endpoint_s.is_finite() {
+            request.arrivals_per_endpoint_s.max(0.0) * prefill_ms / 1e3
+        } else {
+            0.0
+        };
+        let externality_ms = self.externality_weight * prefill_ms * (Self::queue_len(c) + arrivals);
         Prediction {
             queue_ms,
             prefill_ms,
@@ -271,5 +278,38 @@ mod tests {
         c.load.in_flight_prefilling = 7;
         let p = model.predict(&request(1000), &c);
         assert_eq!((p.queue_ms, p.externality_ms), (60.0, 700.0));
+    }
+
+    /// Requests that arrive while a prefill runs wait behind it too: at 10 requests per second
+    /// per endpoint, a 400 ms cold prefill delays 4 of them, a 100 ms one 1.
+    #[test]
+    fn arrivals_during_the_prefill_count_as_delayed() {
+        let model = CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 0.0,
+            externality_weight: 1.0,
+        };
+        let mut prompt = request(4000);
+        let holder = cached(1, 0, 0, 3000);
+        let cold = cached(2, 0, 0, 0);
+        assert_eq!(
+            model.predict(&prompt, &cold).cost_ms,
+            400.0,
+            "no traffic: the prediction"
+        );
+        prompt.arrivals_per_endpoint_s = 10.0;
+        let (h, c) = (
+            model.predict(&prompt, &holder),
+            model.predict(&prompt, &cold),
+        );
+        assert_eq!((h.externality_ms, h.cost_ms), (100.0, 200.0));
+        assert_eq!((c.externality_ms, c.cost_ms), (1600.0, 2000.0));
+        prompt.arrivals_per_endpoint_s = f64::NAN;
+        assert_eq!(
+            model.predict(&prompt, &cold).cost_ms,
+            400.0,
+            "ignored when not a number"
+        );
     }
 }

@@ -33,6 +33,9 @@ pub struct RequestView {
     pub prompt_tokens: u64,
     /// Requested output length, if given.
     pub max_tokens: Option<u64>,
+    /// Requests routed per second for this model lately, divided by the candidates: how many
+    /// arrive at an endpoint per second (0 when unknown).
+    pub arrivals_per_endpoint_s: f64,
 }
 
 /// The engine's own view of its load, scraped from its metrics; present only while fresh.
@@ -241,6 +244,7 @@ pub(crate) mod testing {
         RequestView {
             prompt_tokens: prompt,
             max_tokens: None,
+            arrivals_per_endpoint_s: 0.0,
         }
     }
 

@@ -6,6 +6,7 @@
 //! [`Router::decide`] also commits it: the in-flight guard on the pick, the prediction that the
 //! pick now holds the prompt's prefix blocks, and the metrics.
 
+mod arrivals;
 mod explain;
 mod log;
 
@@ -64,6 +65,8 @@ pub struct Router {
     metrics: Arc<Metrics>,
     base_dir: PathBuf,
     decisions: DecisionLog,
+    /// Requests routed per second, per model.
+    arrivals: arrivals::ArrivalRates,
 }
 
 /// Where a candidate's inputs came from, one per candidate of a [`Plan`].
@@ -233,6 +236,7 @@ impl Router {
             metrics,
             base_dir: base_dir.to_path_buf(),
             decisions: DecisionLog::default(),
+            arrivals: arrivals::ArrivalRates::default(),
         };
         router.apply_capacities();
         router
@@ -556,6 +560,8 @@ impl Router {
         let view = RequestView {
             prompt_tokens: prefix.tokens,
             max_tokens: request.max_tokens,
+            arrivals_per_endpoint_s: self.arrivals.per_s(requested, Instant::now())
+                / candidates.len().max(1) as f64,
         };
         let ranking = state.policy.rank(&view, &candidates);
         let keep = 1 + config.routing.fallback_endpoints;
@@ -617,6 +623,7 @@ impl Router {
                 engine_waiting: c.engine.map(|e| e.waiting_requests),
             }
         };
+        self.arrivals.record(request.model.as_ref(), Instant::now());
         let guard = primary.load.begin(plan.uncached_tokens());
         if !plan.prefix.block_hashes.is_empty() {
             // Only fails for an endpoint id beyond 2^24; the decision stands either way.

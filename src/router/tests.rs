@@ -614,10 +614,16 @@ pools:
 
     #[tokio::test(start_paused = true)]
     async fn a_learned_speed_replaces_the_configured_one_after_enough_samples() {
-        let yaml = THREE.replace("least-loaded", "predicted-ttft").replace(
-            "    models: [m]\n",
-            "    models: [m]\n    prefill_tokens_per_s: 20000\n",
-        );
+        let yaml = THREE
+            .replace("least-loaded", "predicted-ttft")
+            .replace(
+                "    models: [m]\n",
+                "    models: [m]\n    prefill_tokens_per_s: 20000\n",
+            )
+            .replace(
+                "policy:",
+                "load: {learning: {ttft_residual: true}}\npolicy:",
+            );
         let r = router(&yaml);
         let body = chat("m");
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
