@@ -480,7 +480,11 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
         .iter()
         .find(|c| c["endpoint"] == holder.to_string())
         .unwrap();
-    assert_eq!(row["predicted_ttft_ms"].as_f64().unwrap(), best, "{explain}");
+    assert_eq!(
+        row["predicted_ttft_ms"].as_f64().unwrap(),
+        best,
+        "{explain}"
+    );
     for t in bypass {
         t.abort();
     }
