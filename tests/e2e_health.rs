@@ -408,23 +408,8 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
     .await;
     // The router's own count for the holder is 0: without the scraped queue, predicted-ttft
     // would send the hot prefix straight back to it. /debug/explain shows why it does not.
-    let explain: serde_json::Value = stack
-        .client
-        .post(format!("http://{}/debug/explain", stack.router.admin))
-        .body(hot_prefix_body("explain", 2, false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let row = explain["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["endpoint"] == holder.to_string())
-        .unwrap()
-        .clone();
+    let explain = stack.explain(&hot_prefix_body("explain", 2, false)).await;
+    let row = candidate_row(&explain, holder);
     assert!(row["matched_tokens"].as_u64().unwrap() > 0, "{row}");
     // Its predicted TTFT carries the hidden queue (100 ms per request the router did not
     // route there), so it ranks below the idle replicas.
@@ -459,27 +444,16 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
     stack
         .reconfigure(&addrs, "load: {scrape: {enabled: false}}")
         .await;
-    let explain: serde_json::Value = stack
-        .client
-        .post(format!("http://{}/debug/explain", stack.router.admin))
-        .body(hot_prefix_body("explain", 2, false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let explain = stack.explain(&hot_prefix_body("explain", 2, false)).await;
     // The other replicas that took the hot prefix hold it too now: the holder is predicted
     // as fast as the best of them (its queue unseen), where it was far behind before.
-    let rows = explain["candidates"].as_array().unwrap();
-    let best = rows
+    let best = explain["candidates"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|c| c["predicted_ttft_ms"].as_f64().unwrap())
         .fold(f64::INFINITY, f64::min);
-    let row = rows
-        .iter()
-        .find(|c| c["endpoint"] == holder.to_string())
-        .unwrap();
+    let row = candidate_row(&explain, holder);
     assert_eq!(
         row["predicted_ttft_ms"].as_f64().unwrap(),
         best,

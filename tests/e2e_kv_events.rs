@@ -87,29 +87,6 @@ async fn start() -> EventsStack {
     }
 }
 
-/// The live explanation for `req` (no routing).
-async fn explain(stack: &Stack, req: &str) -> serde_json::Value {
-    stack
-        .client
-        .post(format!("http://{}/debug/explain", stack.router.admin))
-        .body(req.to_string())
-        .send()
-        .await
-        .expect("explain")
-        .json()
-        .await
-        .expect("json")
-}
-
-fn row(e: &serde_json::Value, addr: SocketAddr) -> &serde_json::Value {
-    e["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["endpoint"] == addr.to_string())
-        .expect("candidate row")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale_hit() {
     let EventsStack { stack } = start().await;
@@ -130,12 +107,12 @@ async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale
         "r1's events to confirm the prefix",
         Duration::from_secs(10),
         || async {
-            let e = explain(&stack, &probe).await;
-            (row(&e, r1_addr)["confirmed_tokens"].as_u64() >= Some(300)).then_some(e)
+            let e = stack.explain(&probe).await;
+            (candidate_row(&e, r1_addr)["confirmed_tokens"].as_u64() >= Some(300)).then_some(e)
         },
     )
     .await;
-    assert_eq!(row(&e, r1_addr)["cache_source"], "events", "{e}");
+    assert_eq!(candidate_row(&e, r1_addr)["cache_source"], "events", "{e}");
     assert_eq!(e["pick"], r1_addr.to_string(), "{e}");
 
     // Routed through Envoy, the request goes to r1 and r1 reports the hit.
@@ -161,8 +138,8 @@ async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale
         "r1's stale entries to be dropped",
         Duration::from_secs(10),
         || async {
-            let e = explain(&stack, &body("after restart")).await;
-            (row(&e, r1_addr)["matched_tokens"] == 0).then_some(())
+            let e = stack.explain(&body("after restart")).await;
+            (candidate_row(&e, r1_addr)["matched_tokens"] == 0).then_some(())
         },
     )
     .await;

@@ -45,12 +45,13 @@ impl Policy for PredictedTtft {
 
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
-        let predictions: Vec<_> = candidates
+        let (ttft, cost): (Vec<f64>, Vec<f64>) = candidates
             .iter()
-            .map(|c| self.model.predict(request, c))
-            .collect();
-        let ttft: Vec<f64> = predictions.iter().map(|p| p.ttft_ms).collect();
-        let cost: Vec<f64> = predictions.iter().map(|p| p.cost_ms).collect();
+            .map(|c| {
+                let p = self.model.predict(request, c);
+                (p.ttft_ms, p.cost_ms)
+            })
+            .unzip();
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let excluded: Vec<usize> = (0..n).filter(|i| !eligible.contains(i)).collect();
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);

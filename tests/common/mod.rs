@@ -619,6 +619,19 @@ impl Stack {
         post(&self.client, self.envoy.addr, path, body).await
     }
 
+    /// kvrouter's live explanation for the request `body` (`/debug/explain`; routes nothing).
+    pub async fn explain(&self, body: &str) -> serde_json::Value {
+        self.client
+            .post(format!("http://{}/debug/explain", self.router.admin))
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("explain")
+            .json()
+            .await
+            .expect("explain json")
+    }
+
     /// The replica name served at `addr`.
     pub fn name_of(&self, addr: &str) -> Option<&str> {
         self.replicas
@@ -659,4 +672,14 @@ impl Stack {
         )
         .await;
     }
+}
+
+/// The row of candidate `addr` in an explanation.
+pub fn candidate_row(explain: &serde_json::Value, addr: SocketAddr) -> &serde_json::Value {
+    explain["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .find(|c| c["endpoint"] == addr.to_string())
+        .unwrap_or_else(|| panic!("no row for {addr}: {explain}"))
 }
