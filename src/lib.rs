@@ -23,16 +23,11 @@
 //! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`.
 //! - [`telemetry`]: logging and Prometheus metrics.
-//! - [`sim`]: a vLLM-compatible replica simulator (used by tests and benchmarks, never by the
-//!   router).
-//! - [`bench`]: the `kvbench` benchmark tool: seeded workloads from real tokenizers, policy
-//!   comparison runs through Envoy + kvrouter on simulated replicas, JSON/Markdown/SVG report.
 //! - [`cli`] / [`serve`]: the `kvrouter` binary's commands.
 
 #![warn(missing_docs)]
 
 pub mod admin;
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod discovery;
@@ -47,5 +42,4 @@ pub mod prefix;
 pub mod request;
 pub mod router;
 pub mod serve;
-pub mod sim;
 pub mod telemetry;

@@ -2,7 +2,7 @@
 //! the same real tokenizer as the router, so the replicas' reported `cached_tokens` confirm the
 //! router's prefix predictions.
 
-mod common;
+use testkit as common;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -170,7 +170,7 @@ async fn explain_via_the_admin_api_shows_the_holder_without_the_prompt() {
     let holder = r.upstream.clone().unwrap();
     let req = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(req.path(), body("Where is parcel 10?", 2, false)).unwrap();
-    let out = std::process::Command::new(KVROUTER)
+    let out = std::process::Command::new(kvrouter_bin())
         .args([
             "explain",
             "--admin",

@@ -1,6 +1,6 @@
 //! End to end through the real Envoy 1.40: simulated replicas, kvrouter, Envoy, real HTTP.
 
-mod common;
+use testkit as common;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -472,7 +472,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
         "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:8001'}]}]",
     )
     .unwrap();
-    let out = std::process::Command::new(KVROUTER)
+    let out = std::process::Command::new(kvrouter_bin())
         .arg("check-config")
         .arg(&good)
         .output()
@@ -490,7 +490,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
         "pools: [{name: a, models: [m], endpoints: [{address: 'localhost', weight: -2}]}]",
     )
     .unwrap();
-    let out = std::process::Command::new(KVROUTER)
+    let out = std::process::Command::new(kvrouter_bin())
         .arg("check-config")
         .arg(&bad)
         .output()
@@ -507,7 +507,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
         "models: [{name: m, tokenizer: /nonexistent/tokenizer.json}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:8001'}]}]",
     )
     .unwrap();
-    let out = std::process::Command::new(KVROUTER)
+    let out = std::process::Command::new(kvrouter_bin())
         .arg("check-config")
         .arg(&bad_tokenizer)
         .output()
@@ -517,7 +517,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
     assert!(stderr.contains("models[0].tokenizer"), "{stderr}");
 
     // The local stack's config is valid.
-    let out = std::process::Command::new(KVROUTER)
+    let out = std::process::Command::new(kvrouter_bin())
         .arg("check-config")
         .arg(repo().join("examples/kvrouter.yaml"))
         .output()
@@ -528,7 +528,7 @@ fn check_config_reports_ok_and_names_bad_fields() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let missing = std::process::Command::new(KVROUTER)
+    let missing = std::process::Command::new(kvrouter_bin())
         .args(["check-config", "/nonexistent.yaml"])
         .output()
         .unwrap();

@@ -4,7 +4,7 @@
 //! engine queue (seen only through its scraped metrics) gets less traffic; DNS discovery finds
 //! replicas.
 
-mod common;
+use testkit as common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! subscribes, and requests routed through Envoy follow what the engines actually hold,
 //! including blocks filled by traffic that never went through the router.
 
-mod common;
+use testkit as common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The configs shipped in `envoy/` are what `kvrouter envoy-config` renders, and real Envoy 1.40
 //! accepts each of them (`envoy --mode validate`).
 
-mod common;
+use testkit as common;
 
 use std::path::Path;
 use std::process::Command;

@@ -8,7 +8,7 @@
 //! tokens without sharing a tokenizer; the router side hashes them with `identify()` as the
 //! request path does. Real time with `time_scale` 100; every wait polls with a deadline.
 
-mod sim_support;
+use kvsim::inproc as sim_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,8 +21,8 @@ use kvrouter::index::{
 };
 use kvrouter::prefix::{Namespace, TokenizerRegistry};
 use kvrouter::request::{self, ApiKind};
-use kvrouter::sim::driver::AdminCommand;
-use kvrouter::sim::{KvEventsConfig, Replica, ReplicaConfig};
+use kvsim::driver::AdminCommand;
+use kvsim::{KvEventsConfig, Replica, ReplicaConfig};
 use serde_json::Value;
 use sim_support::{call, config, ids, start, tokens_body};
 

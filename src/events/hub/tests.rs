@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::index::{IndexOptions, TokioClock};
 use crate::prefix::{BlockHasher, Namespace};
-use crate::sim::kv_events::{encode_batch, KvEvent};
+use kvsim::kv_events::{encode_batch, KvEvent};
 
 const CONFIG: &str = r#"
 kv_events: {silence_timeout_ms: 1000, trusted_prediction_ttl_ms: 2000}

@@ -1,6 +1,6 @@
 use super::*;
-use crate::sim::block_hash::ExtraKey as SimKey;
-use crate::sim::kv_events::{encode_batch, KvEvent};
+use kvsim::block_hash::ExtraKey as SimKey;
+use kvsim::kv_events::{encode_batch, KvEvent};
 use proptest::prelude::*;
 use rmpv::Value as V;
 

@@ -1,0 +1,732 @@
+//! The benchmark plan: which fleet, which workloads, which policies, which scenario events.
+//! One YAML file (or a built-in preset, `quick` / `full`) describes a whole benchmark, so
+//! re-running the report is one command.
+//!
+//! Times in a plan are **simulated**: rates are requests per simulated second and `at_s` is
+//! simulated seconds after the run's first arrival. The replicas run `time_scale` times faster
+//! than real time; the bench converts.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::BenchError;
+
+/// The `quick` preset (`make bench`): a few workloads, minutes.
+pub const QUICK: &str = include_str!("plans/quick.yaml");
+/// The `full` preset (`make bench-full`): every workload and scenario.
+pub const FULL: &str = include_str!("plans/full.yaml");
+/// A tiny plan for tests: seconds.
+pub const SMOKE: &str = include_str!("plans/smoke.yaml");
+
+/// A whole benchmark.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Plan {
+    /// A name for the report. Default `bench`.
+    pub name: String,
+    /// Seed of every random choice (arrivals, prompt text, prefix picks). Default 42.
+    pub seed: u64,
+    /// Model name sent in requests and served by the replicas. Default `demo-model`.
+    pub model: String,
+    /// Tokenizer whose vocabulary prompt text is drawn from: a directory name under the
+    /// tokenizers directory (`qwen3`, `llama3`, ...) or a path to a directory holding
+    /// `tokenizer.json`. Default `qwen3`.
+    pub tokenizer: String,
+    /// Also configure kvrouter with this tokenizer for `model` (as a deployment would). Default
+    /// true.
+    pub router_tokenizer: bool,
+    /// Give the replicas the same tokenizer files (kvsim's `tokenizer`), so engine token ids
+    /// match the router's, as in a real deployment: KV events then name blocks the router can
+    /// re-hash to its own. Default true; false: kvsim's word-piece fallback.
+    pub replica_tokenizer: bool,
+    /// Simulated time runs this many times faster than real time on every replica. Default 5.
+    pub time_scale: f64,
+    /// The TTFT objective for goodput, in simulated ms. Default 1000.
+    pub slo_ttft_ms: f64,
+    /// How often replica and router metrics are scraped, in real ms. Default 200.
+    pub scrape_interval_ms: u64,
+    /// Most requests in flight from the load generator; an arrival beyond it waits (and the
+    /// wait is recorded). Default 512.
+    pub max_concurrency: usize,
+    /// How long a run may take to drain after its last arrival, in real seconds; requests still
+    /// open then are cancelled and counted as errors. Default 120.
+    pub drain_timeout_s: u64,
+    /// The default fleet of every workload.
+    pub fleet: Vec<ReplicaGroup>,
+    /// The policies compared, each run on every workload's identical trace.
+    pub policies: Vec<PolicySpec>,
+    /// The workloads.
+    pub workloads: Vec<WorkloadSpec>,
+    /// Router overhead measurement; omitted: not measured.
+    pub overhead: Option<OverheadSpec>,
+    /// Which runs the summary compares ("must show").
+    pub analysis: AnalysisSpec,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            name: "bench".into(),
+            seed: 42,
+            model: "demo-model".into(),
+            tokenizer: "qwen3".into(),
+            router_tokenizer: true,
+            replica_tokenizer: true,
+            time_scale: 5.0,
+            slo_ttft_ms: 1000.0,
+            scrape_interval_ms: 200,
+            max_concurrency: 512,
+            drain_timeout_s: 120,
+            fleet: vec![ReplicaGroup::default()],
+            policies: Vec::new(),
+            workloads: Vec::new(),
+            overhead: None,
+            analysis: AnalysisSpec::default(),
+        }
+    }
+}
+
+/// `count` replicas with the same settings (named `r0`, `r1`, ... across groups).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicaGroup {
+    /// How many. Default 4.
+    pub count: usize,
+    /// Simulator step-time profile. Default `l4-llama3-8b`.
+    pub profile: String,
+    /// Tokens per KV block. Default 16.
+    pub block_size: u32,
+    /// KV blocks per replica. Default: the profile's.
+    pub num_gpu_blocks: Option<u32>,
+    /// Most running requests. Default: the profile's.
+    pub max_num_seqs: Option<u32>,
+    /// Token budget per step. Default: the profile's.
+    pub max_num_batched_tokens: Option<u32>,
+}
+
+impl Default for ReplicaGroup {
+    fn default() -> Self {
+        ReplicaGroup {
+            count: 4,
+            profile: "l4-llama3-8b".into(),
+            block_size: 16,
+            num_gpu_blocks: None,
+            max_num_seqs: None,
+            max_num_batched_tokens: None,
+        }
+    }
+}
+
+/// One policy under test: the exact `policy.name` of kvrouter's config plus optional extra
+/// router configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Label in the report (unique). Default: `policy`.
+    pub label: String,
+    /// kvrouter's `policy.name`. Required.
+    pub policy: String,
+    /// Extra router YAML (a mapping) merged over the generated config, e.g. policy parameters
+    /// or `cache_index` settings. Maps merge key by key; anything else replaces.
+    pub router_yaml: Option<serde_norway::Value>,
+    /// YAML merged into the generated pool (e.g. a `kv_events` section).
+    pub pool_yaml: Option<serde_norway::Value>,
+    /// YAML merged into every generated endpoint. Strings may use `{name}`, `{address}` and
+    /// `{kv_events}` (the replica's ZMQ endpoint, when it publishes).
+    pub endpoint_yaml: Option<serde_norway::Value>,
+    /// Replicas publish KV events (ZMQ, `tcp://*:0`). Default false.
+    pub kv_events: bool,
+}
+
+impl PolicySpec {
+    /// The label, or the policy name when no label is given.
+    pub fn label(&self) -> &str {
+        if self.label.is_empty() {
+            &self.policy
+        } else {
+            &self.label
+        }
+    }
+}
+
+/// One workload: a traffic shape, its load, its fleet and its scenario events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// Name (unique), used in the report and to select workloads on the command line.
+    pub name: String,
+    /// What the traffic looks like.
+    pub shape: Shape,
+    /// Mean arrival rate, requests per simulated second (Poisson). Default 4.
+    pub rate: f64,
+    /// A load sweep: run the workload once per rate (overrides `rate`). Default none.
+    pub rates: Vec<f64>,
+    /// Requests in the trace (multi-turn: follow-up turns included). Default: the shape's
+    /// natural count.
+    pub requests: Option<usize>,
+    /// Output tokens per request (`max_tokens`). Default 32.
+    pub output_tokens: u32,
+    /// The fleet for this workload. Default: the plan's.
+    pub fleet: Option<Vec<ReplicaGroup>>,
+    /// Scenario events at simulated times.
+    pub events: Vec<EventSpec>,
+    /// This workload's time scale (e.g. lower for a high request rate the machine must drive
+    /// in real time). Default: the plan's.
+    pub time_scale: Option<f64>,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            name: String::new(),
+            shape: Shape::Unique(UniqueSpec::default()),
+            rate: 4.0,
+            rates: Vec::new(),
+            requests: None,
+            output_tokens: 32,
+            fleet: None,
+            events: Vec::new(),
+            time_scale: None,
+        }
+    }
+}
+
+impl WorkloadSpec {
+    /// The rates this workload runs at.
+    pub fn run_rates(&self) -> Vec<f64> {
+        if self.rates.is_empty() {
+            vec![self.rate]
+        } else {
+            self.rates.clone()
+        }
+    }
+}
+
+/// The traffic shapes (token counts are under the plan's tokenizer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Shape {
+    /// G groups with an S-token system prompt, U users per group asking Q-token questions
+    /// (llm-d's shared-prefix benchmark).
+    SharedPrefix(SharedPrefixSpec),
+    /// Conversations that grow turn by turn, users returning after think time.
+    MultiTurn(MultiTurnSpec),
+    /// No sharing: every prompt is new text.
+    Unique(UniqueSpec),
+    /// Zipf over prefixes, one dominating.
+    HotPrefix(HotPrefixSpec),
+    /// The same system prompt under different tenants (must not share KV).
+    MultiTenant(MultiTenantSpec),
+}
+
+impl Shape {
+    /// The kind's name as written in plans.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Shape::SharedPrefix(_) => "shared_prefix",
+            Shape::MultiTurn(_) => "multi_turn",
+            Shape::Unique(_) => "unique",
+            Shape::HotPrefix(_) => "hot_prefix",
+            Shape::MultiTenant(_) => "multi_tenant",
+        }
+    }
+}
+
+/// Parameters of `shared_prefix`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SharedPrefixSpec {
+    /// Groups; default: as many as fill `kv_occupancy` of the fleet's KV with system prompts.
+    pub groups: Option<usize>,
+    /// Fraction of the fleet's KV capacity the groups' system prompts occupy (counted in the
+    /// engine's tokens) when `groups` is not given. Default 0.73.
+    pub kv_occupancy: f64,
+    /// System prompt tokens. Default 1500.
+    pub system_tokens: usize,
+    /// Users per group (each asks one question per round). Default 8.
+    pub users_per_group: usize,
+    /// Question tokens. Default 150.
+    pub question_tokens: usize,
+}
+
+impl Default for SharedPrefixSpec {
+    fn default() -> Self {
+        SharedPrefixSpec {
+            groups: None,
+            kv_occupancy: 0.73,
+            system_tokens: 1500,
+            users_per_group: 8,
+            question_tokens: 150,
+        }
+    }
+}
+
+/// Parameters of `multi_turn`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiTurnSpec {
+    /// Conversations. Default 40.
+    pub conversations: usize,
+    /// Turns per conversation. Default 5.
+    pub turns: usize,
+    /// System prompt shared by every conversation, in tokens (0: none). Default 300.
+    pub system_tokens: usize,
+    /// User message tokens per turn. Default 200.
+    pub user_tokens: usize,
+    /// Mean think time between a turn's answer and the next question, simulated seconds
+    /// (exponential). Default 5.
+    pub think_s: f64,
+}
+
+impl Default for MultiTurnSpec {
+    fn default() -> Self {
+        MultiTurnSpec {
+            conversations: 40,
+            turns: 5,
+            system_tokens: 300,
+            user_tokens: 200,
+            think_s: 5.0,
+        }
+    }
+}
+
+/// Parameters of `unique`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UniqueSpec {
+    /// Prompt tokens. Default 1000.
+    pub prompt_tokens: usize,
+}
+
+impl Default for UniqueSpec {
+    fn default() -> Self {
+        UniqueSpec {
+            prompt_tokens: 1000,
+        }
+    }
+}
+
+/// Parameters of `hot_prefix`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HotPrefixSpec {
+    /// Distinct prefixes. Default 16.
+    pub prefixes: usize,
+    /// Zipf exponent over prefix ranks (rank 1 is the hot one). Default 1.5.
+    pub zipf_s: f64,
+    /// Prefix tokens. Default 1500.
+    pub prefix_tokens: usize,
+    /// Question tokens. Default 150.
+    pub question_tokens: usize,
+}
+
+impl Default for HotPrefixSpec {
+    fn default() -> Self {
+        HotPrefixSpec {
+            prefixes: 16,
+            zipf_s: 1.5,
+            prefix_tokens: 1500,
+            question_tokens: 150,
+        }
+    }
+}
+
+/// Parameters of `multi_tenant`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiTenantSpec {
+    /// Tenants. Default 4.
+    pub tenants: usize,
+    /// The system prompt every tenant uses, in tokens. Default 1500.
+    pub system_tokens: usize,
+    /// Question tokens. Default 150.
+    pub question_tokens: usize,
+    /// Header naming the tenant; kvrouter's `tenancy.header` is set to it. Default
+    /// `x-tenant-id`.
+    pub tenant_header: String,
+    /// Send vLLM's `cache_salt` (one per tenant) so engines isolate tenants. `false` is the
+    /// negative control: cross-tenant hits must then appear. Default true.
+    pub cache_salt: bool,
+}
+
+impl Default for MultiTenantSpec {
+    fn default() -> Self {
+        MultiTenantSpec {
+            tenants: 4,
+            system_tokens: 1500,
+            question_tokens: 150,
+            tenant_header: "x-tenant-id".into(),
+            cache_salt: true,
+        }
+    }
+}
+
+/// A scenario event at a simulated time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSpec {
+    /// Simulated seconds after the run's first arrival.
+    pub at_s: f64,
+    /// What happens.
+    pub action: Action,
+    /// The replica, by index in the fleet (`r<index>`); for `add`, ignored.
+    #[serde(default)]
+    pub replica: usize,
+    /// `fail` / `stall`: for how long, simulated seconds. Default 5.
+    #[serde(default = "default_event_duration_s")]
+    pub duration_s: f64,
+    /// `add`: the new replica's settings (count ignored). Default: the fleet's first group.
+    #[serde(default)]
+    pub group: Option<ReplicaGroup>,
+}
+
+fn default_event_duration_s() -> f64 {
+    5.0
+}
+
+/// Scenario actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// SIGKILL the replica's process (connections reset, in-flight requests lost).
+    Kill,
+    /// Start a killed replica again on the same port, with a cold cache.
+    Restart,
+    /// Start a new replica and add it to the router's config (hot reload).
+    Add,
+    /// The replica answers HTTP 500 to generation requests for `duration_s`.
+    Fail,
+    /// The replica's engine stops stepping for `duration_s` (requests queue).
+    Stall,
+}
+
+/// Router overhead: one light workload direct, through Envoy alone, through Envoy + kvrouter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OverheadSpec {
+    /// Requests per path. Default 2000.
+    pub requests: usize,
+    /// Concurrent closed-loop clients. Default 4.
+    pub concurrency: usize,
+    /// The replicas' time scale (large: a near-zero-latency backend). Default 1000.
+    pub time_scale: f64,
+    /// kvrouter's policy during the measurement. Default `least-loaded`.
+    pub policy: String,
+}
+
+impl Default for OverheadSpec {
+    fn default() -> Self {
+        OverheadSpec {
+            requests: 2000,
+            concurrency: 4,
+            time_scale: 1000.0,
+            policy: "least-loaded".into(),
+        }
+    }
+}
+
+/// Which runs the "must show" summary compares. Missing runs are reported as not run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnalysisSpec {
+    /// The policy label under study. Default `predicted-ttft`.
+    pub subject: String,
+    /// The load-aware baseline label. Default `least-loaded`.
+    pub baseline: String,
+    /// Labels of the other cache-aware policies.
+    pub cache_aware: Vec<String>,
+    /// Labels of the prefix-affinity-like policy whose queue is expected to run away.
+    pub affinity: String,
+    /// Workload names per question (empty: not asked).
+    pub shared_prefix: String,
+    /// Unique-prompt workload.
+    pub unique: String,
+    /// Hot-prefix workload.
+    pub hot_prefix: String,
+    /// Multi-tenant workload.
+    pub multi_tenant: String,
+    /// Kill/restart workload.
+    pub kill_restart: String,
+}
+
+impl Default for AnalysisSpec {
+    fn default() -> Self {
+        AnalysisSpec {
+            subject: "predicted-ttft".into(),
+            baseline: "least-loaded".into(),
+            cache_aware: vec![
+                "prefix-affinity".into(),
+                "cache-load-score".into(),
+                "sglang-cache-aware".into(),
+                "weighted-scorers".into(),
+            ],
+            affinity: "prefix-affinity".into(),
+            shared_prefix: String::new(),
+            unique: String::new(),
+            hot_prefix: String::new(),
+            multi_tenant: String::new(),
+            kill_restart: String::new(),
+        }
+    }
+}
+
+impl Plan {
+    /// A preset by name (`quick`, `full`, `smoke`) or a YAML file path.
+    pub fn load(name_or_path: &str) -> Result<Plan, BenchError> {
+        let (text, origin) = match name_or_path {
+            "quick" => (QUICK.to_string(), "quick".to_string()),
+            "full" => (FULL.to_string(), "full".to_string()),
+            "smoke" => (SMOKE.to_string(), "smoke".to_string()),
+            path => (
+                std::fs::read_to_string(path).map_err(|e| BenchError::Plan {
+                    origin: path.into(),
+                    message: format!("cannot read: {e}"),
+                })?,
+                path.to_string(),
+            ),
+        };
+        Plan::parse(&text, &origin)
+    }
+
+    /// Parses and validates plan YAML; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Plan, BenchError> {
+        let de = serde_norway::Deserializer::from_str(text);
+        let plan: Plan = serde_path_to_error::deserialize(de).map_err(|e| BenchError::Plan {
+            origin: origin.into(),
+            message: format!("{}: {}", e.path(), e.inner()),
+        })?;
+        let errors = plan.validate();
+        if errors.is_empty() {
+            Ok(plan)
+        } else {
+            Err(BenchError::Plan {
+                origin: origin.into(),
+                message: errors.join("; "),
+            })
+        }
+    }
+
+    /// Every invalid value, with its field path; empty when the plan can run.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            errors.push(format!("time_scale must be > 0 (got {})", self.time_scale));
+        }
+        if self.max_concurrency == 0 {
+            errors.push("max_concurrency must be > 0".into());
+        }
+        if self.scrape_interval_ms == 0 {
+            errors.push("scrape_interval_ms must be > 0".into());
+        }
+        check_fleet(&self.fleet, "fleet", &mut errors);
+        let mut labels = HashSet::new();
+        for (i, p) in self.policies.iter().enumerate() {
+            if p.policy.trim().is_empty() {
+                errors.push(format!("policies[{i}].policy must be set"));
+            }
+            if !labels.insert(p.label().to_string()) {
+                errors.push(format!("policies[{i}].label {:?} is not unique", p.label()));
+            }
+            for (field, v) in [
+                ("router_yaml", &p.router_yaml),
+                ("pool_yaml", &p.pool_yaml),
+                ("endpoint_yaml", &p.endpoint_yaml),
+            ] {
+                if v.as_ref().is_some_and(|v| !v.is_mapping()) {
+                    errors.push(format!("policies[{i}].{field} must be a mapping"));
+                }
+            }
+        }
+        if self.policies.is_empty() {
+            errors.push("policies must list at least one policy".into());
+        }
+        let mut names = HashSet::new();
+        for (i, w) in self.workloads.iter().enumerate() {
+            let at = format!("workloads[{i}]");
+            if w.name.trim().is_empty() {
+                errors.push(format!("{at}.name must be set"));
+            } else if !names.insert(w.name.as_str()) {
+                errors.push(format!("{at}.name {:?} is not unique", w.name));
+            }
+            for r in w.run_rates() {
+                if !(r.is_finite() && r > 0.0) {
+                    errors.push(format!("{at}.rate must be > 0 (got {r})"));
+                }
+            }
+            if w.output_tokens == 0 {
+                errors.push(format!("{at}.output_tokens must be > 0"));
+            }
+            if w.time_scale.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+                errors.push(format!("{at}.time_scale must be > 0"));
+            }
+            if w.requests == Some(0) {
+                errors.push(format!("{at}.requests must be > 0"));
+            }
+            if let Some(f) = &w.fleet {
+                check_fleet(f, &format!("{at}.fleet"), &mut errors);
+            }
+            let fleet_size: usize = w
+                .fleet
+                .as_ref()
+                .unwrap_or(&self.fleet)
+                .iter()
+                .map(|g| g.count)
+                .sum();
+            for (j, e) in w.events.iter().enumerate() {
+                if !(e.at_s.is_finite() && e.at_s >= 0.0) {
+                    errors.push(format!("{at}.events[{j}].at_s must be >= 0"));
+                }
+                if e.action != Action::Add && e.replica >= fleet_size {
+                    errors.push(format!(
+                        "{at}.events[{j}].replica {} is not in the fleet of {fleet_size}",
+                        e.replica
+                    ));
+                }
+            }
+            errors.extend(check_shape(&w.shape, &at));
+        }
+        if self.workloads.is_empty() {
+            errors.push("workloads must list at least one workload".into());
+        }
+        errors
+    }
+
+    /// The time scale of `workload`.
+    pub fn time_scale_of(&self, workload: &WorkloadSpec) -> f64 {
+        workload.time_scale.unwrap_or(self.time_scale)
+    }
+
+    /// The fleet of `workload`.
+    pub fn fleet_of<'a>(&'a self, workload: &'a WorkloadSpec) -> &'a [ReplicaGroup] {
+        workload.fleet.as_deref().unwrap_or(&self.fleet)
+    }
+}
+
+fn check_fleet(fleet: &[ReplicaGroup], at: &str, errors: &mut Vec<String>) {
+    if fleet.iter().map(|g| g.count).sum::<usize>() == 0 {
+        errors.push(format!("{at} must have at least one replica"));
+    }
+    for (i, g) in fleet.iter().enumerate() {
+        if kvsim::profile::StepProfile::builtin(&g.profile).is_none() {
+            errors.push(format!(
+                "{at}[{i}].profile: unknown profile {:?} (known: {})",
+                g.profile,
+                kvsim::profile::StepProfile::builtin_names().join(", ")
+            ));
+        }
+        if g.block_size == 0 {
+            errors.push(format!("{at}[{i}].block_size must be > 0"));
+        }
+    }
+    let sizes: HashSet<u32> = fleet.iter().map(|g| g.block_size).collect();
+    if sizes.len() > 1 {
+        errors.push(format!("{at}: every replica must use the same block_size"));
+    }
+}
+
+fn check_shape(shape: &Shape, at: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut positive = |field: &str, v: usize| {
+        if v == 0 {
+            errors.push(format!("{at}.shape.{field} must be > 0"));
+        }
+    };
+    match shape {
+        Shape::SharedPrefix(s) => {
+            positive("system_tokens", s.system_tokens);
+            positive("users_per_group", s.users_per_group);
+            positive("question_tokens", s.question_tokens);
+            if let Some(g) = s.groups {
+                positive("groups", g);
+            }
+            if !(s.kv_occupancy > 0.0 && s.kv_occupancy <= 10.0) {
+                errors.push(format!("{at}.shape.kv_occupancy must be in (0, 10]"));
+            }
+        }
+        Shape::MultiTurn(s) => {
+            positive("conversations", s.conversations);
+            positive("turns", s.turns);
+            positive("user_tokens", s.user_tokens);
+            if !(s.think_s.is_finite() && s.think_s >= 0.0) {
+                errors.push(format!("{at}.shape.think_s must be >= 0"));
+            }
+        }
+        Shape::Unique(s) => positive("prompt_tokens", s.prompt_tokens),
+        Shape::HotPrefix(s) => {
+            positive("prefixes", s.prefixes);
+            positive("prefix_tokens", s.prefix_tokens);
+            positive("question_tokens", s.question_tokens);
+            if !(s.zipf_s.is_finite() && s.zipf_s >= 0.0) {
+                errors.push(format!("{at}.shape.zipf_s must be >= 0"));
+            }
+        }
+        Shape::MultiTenant(s) => {
+            positive("tenants", s.tenants);
+            positive("system_tokens", s.system_tokens);
+            positive("question_tokens", s.question_tokens);
+            if s.tenant_header.is_empty()
+                || http::HeaderName::from_bytes(s.tenant_header.as_bytes()).is_err()
+            {
+                errors.push(format!("{at}.shape.tenant_header must be a header name"));
+            }
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse() {
+        for name in ["quick", "full", "smoke"] {
+            let plan = Plan::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!plan.workloads.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn invalid_plans_name_the_field() {
+        let base =
+            "policies: [{policy: round-robin}]\nworkloads: [{name: w, shape: {kind: unique}}]\n";
+        let cases = [
+            ("policies: []\nworkloads: [{name: w}]", "policies must list"),
+            (
+                "policies: [{policy: a}, {policy: a}]\nworkloads: [{name: w}]",
+                "policies[1].label",
+            ),
+            (
+                "policies: [{policy: a}]\nworkloads: [{name: w, rate: 0}]",
+                "workloads[0].rate",
+            ),
+            (
+                "policies: [{policy: a}]\nworkloads: [{name: w, shape: {kind: unique, prompt_tokens: 0}}]",
+                "workloads[0].shape.prompt_tokens",
+            ),
+            (
+                "policies: [{policy: a}]\nworkloads: [{name: w, shape: {kind: nope}}]",
+                "unknown variant",
+            ),
+            (
+                "policies: [{policy: a}]\nworkloads: [{name: w, events: [{at_s: 1, action: kill, replica: 9}]}]",
+                "events[0].replica 9",
+            ),
+            (
+                "fleet: [{profile: tpu}]\npolicies: [{policy: a}]\nworkloads: [{name: w}]",
+                "fleet[0].profile",
+            ),
+            (
+                "policies: [{policy: a, router_yaml: [1]}]\nworkloads: [{name: w}]",
+                "router_yaml must be a mapping",
+            ),
+            ("bogus: 1", "unknown field `bogus`"),
+        ];
+        for (yaml, expected) in cases {
+            let err = Plan::parse(yaml, "p").unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
+        Plan::parse(base, "p").unwrap();
+    }
+}

@@ -1,0 +1,508 @@
+//! Runs a plan: for every workload (and every rate of a sweep) one trace, and on it every
+//! policy, each on a fresh fleet (cold caches), a fresh kvrouter and a fresh Envoy. A run whose
+//! router config kvrouter rejects (e.g. an unknown policy name) is recorded as failed and the
+//! bench goes on. Results are written after every run, so an interrupted bench keeps what it had.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::client::{RequestRecord, SimClock};
+use super::oracle::{self, CrossTenant, EngineView, LowerBound};
+use super::plan::{Plan, PolicySpec, ReplicaGroup, WorkloadSpec};
+use super::procs::{self, Binaries, EnvoyProc, ReplicaProc, RouterProc};
+use super::report::Report;
+use super::routercfg::{self, EndpointInfo, RouterInputs};
+use super::runner::{self, RunOptions};
+use super::scenario::{self, EventRecord, Fleet};
+use super::scrape::{self, Histogram, ReplicaSample};
+use super::stats::{self, RunStats};
+use super::vocab::{self, Vocab};
+use super::workload::{self, Trace};
+use super::BenchError;
+use kvsim::profile::StepProfile;
+use kvsim::{KvEventsConfig, PromptTokenizer, ReplicaConfig, TokenizerPaths, WordPieceTokenizer};
+
+/// How to run a plan.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// The binaries.
+    pub binaries: Binaries,
+    /// Where tokenizer directories are (`qwen3/`, ...).
+    pub tokenizers_dir: PathBuf,
+    /// Output directory (results, logs, report).
+    pub out_dir: PathBuf,
+    /// Progress bars on stderr.
+    pub progress: bool,
+    /// Only these workloads (empty: all).
+    pub workloads: Vec<String>,
+    /// Only these policy labels (empty: all).
+    pub policies: Vec<String>,
+}
+
+/// CPU seconds used during a run's load phase.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// Real seconds of the load phase.
+    pub wall_s: f64,
+    /// The load generator (this process).
+    pub bench_s: f64,
+    /// All replicas.
+    pub replicas_s: f64,
+    /// kvrouter.
+    pub router_s: f64,
+    /// Envoy.
+    pub envoy_s: f64,
+}
+
+/// A run's comparison with the workload's lower bound.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BoundRatio {
+    /// The bound's mean TTFT, simulated ms.
+    pub bound_mean_ms: f64,
+    /// The bound's p90 TTFT.
+    pub bound_p90_ms: f64,
+    /// Mean TTFT / bound mean TTFT.
+    pub mean_ratio: Option<f64>,
+    /// p90 TTFT / bound p90 TTFT.
+    pub p90_ratio: Option<f64>,
+}
+
+/// One policy on one workload at one rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Workload name.
+    pub workload: String,
+    /// Its shape kind.
+    pub kind: String,
+    /// Arrival rate, requests per simulated second.
+    pub rate: f64,
+    /// Policy label.
+    pub label: String,
+    /// kvrouter's `policy.name`.
+    pub policy: String,
+    /// Why the run did not happen or broke off; `None` when it ran.
+    pub failed: Option<String>,
+    /// The numbers.
+    pub stats: Option<RunStats>,
+    /// Against the lower bound.
+    pub bound: Option<BoundRatio>,
+    /// Cross-tenant cache hits (workloads with tenants).
+    pub cross_tenant: Option<CrossTenant>,
+    /// kvrouter's decision time (`kvrouter_decision_duration_seconds`, real time).
+    pub decision: Histogram,
+    /// CPU used.
+    pub cpu: CpuUse,
+    /// Scenario events done.
+    pub events: Vec<EventRecord>,
+    /// Requests whose prompt token count from the replica differs from the bench's engine
+    /// tokenization (the bound and tenant checks assume they agree).
+    pub token_mismatches: usize,
+    /// Every request.
+    pub records: Vec<RequestRecord>,
+    /// Replica metric samples.
+    pub samples: Vec<ReplicaSample>,
+}
+
+/// The engine tokenizer the bench assumes the replicas use, for the lower bound and the
+/// cross-tenant check: the same tokenizer files as the replicas when `replica_tokenizer` is
+/// set (so the bench's block hashes are the engines'), else kvsim's word-piece fallback. Each
+/// run's `token_mismatches` shows any disagreement with what the replicas report.
+pub fn engine_tokenizer(
+    replica_tokenizer: Option<&Path>,
+) -> Result<Arc<dyn PromptTokenizer>, BenchError> {
+    match replica_tokenizer {
+        Some(dir) => {
+            let t = kvsim::hf_tokenizer::HfTokenizer::load(&replica_tokenizer_paths(dir))
+                .map_err(BenchError::Config)?;
+            Ok(Arc::new(t))
+        }
+        None => Ok(Arc::new(WordPieceTokenizer::default())),
+    }
+}
+
+/// The tokenizer files of a replica given the tokenizer directory `dir`.
+fn replica_tokenizer_paths(dir: &Path) -> TokenizerPaths {
+    TokenizerPaths {
+        tokenizer_json: dir.join("tokenizer.json"),
+        tokenizer_config: Some(dir.join("tokenizer_config.json")).filter(|p| p.is_file()),
+        chat_template: Some(dir.join("chat_template.jinja")).filter(|p| p.is_file()),
+    }
+}
+
+/// Runs `plan`, writing `results.json` after every run; returns the report.
+pub async fn run_plan(plan: &Plan, o: &SuiteOptions) -> Result<Report, BenchError> {
+    std::fs::create_dir_all(&o.out_dir).map_err(|e| BenchError::Io(e.to_string()))?;
+    let tok_dir = vocab::resolve(&plan.tokenizer, &o.tokenizers_dir)?;
+    let vocab = Vocab::load(&tok_dir)?;
+    let engine = engine_tokenizer(plan.replica_tokenizer.then_some(tok_dir.as_path()))?;
+    let mut report = Report::new(plan.clone());
+    let policies: Vec<&PolicySpec> = plan
+        .policies
+        .iter()
+        .filter(|p| o.policies.is_empty() || o.policies.iter().any(|l| l == p.label()))
+        .collect();
+    for w in plan
+        .workloads
+        .iter()
+        .filter(|w| o.workloads.is_empty() || o.workloads.contains(&w.name))
+    {
+        for rate in w.run_rates() {
+            let trace = Arc::new(workload::generate(plan, w, rate, &vocab, engine.as_ref())?);
+            let fleet = plan.fleet_of(w);
+            let block_size = fleet.first().map_or(16, |g| g.block_size);
+            let views = oracle::engine_views(&trace, engine.as_ref(), &plan.model, block_size)?;
+            let (profile, chunk) = fastest(fleet);
+            let bound = oracle::lower_bound(&trace, &views, block_size, &profile, chunk);
+            report.add_workload(w, rate, &trace, &bound);
+            for policy in &policies {
+                let label = format!("{} @ {rate} req/s / {}", w.name, policy.label());
+                eprintln!("kvbench: {label}");
+                let started = Instant::now();
+                let result = run_one(
+                    plan, w, policy, &trace, &views, &bound, &tok_dir, o, block_size,
+                )
+                .await;
+                eprintln!(
+                    "kvbench:   {} in {:.1} s",
+                    match (&result.failed, &result.stats) {
+                        (Some(f), _) => format!("FAILED: {}", f.lines().next().unwrap_or("")),
+                        (None, Some(s)) => format!(
+                            "{} ok, {} errors, TTFT p50 {:.0} ms p90 {:.0} ms, hit rate {:.2}",
+                            s.ok,
+                            s.errors,
+                            s.ttft_ms.p50.unwrap_or(f64::NAN),
+                            s.ttft_ms.p90.unwrap_or(f64::NAN),
+                            s.kv_hit_rate.unwrap_or(0.0)
+                        ),
+                        _ => String::new(),
+                    },
+                    started.elapsed().as_secs_f64()
+                );
+                report.runs.push(result);
+                report.write_results(&o.out_dir)?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The fleet's fastest profile (by cold prefill of 1000 tokens) and its prefill chunk.
+fn fastest(fleet: &[ReplicaGroup]) -> (StepProfile, u32) {
+    fleet
+        .iter()
+        .filter_map(|g| {
+            let p = StepProfile::builtin(&g.profile)?;
+            Some((
+                p,
+                g.max_num_batched_tokens.unwrap_or(p.max_num_batched_tokens),
+            ))
+        })
+        .min_by(|a, b| {
+            a.0.prefill_ms(0, 1000, a.1)
+                .total_cmp(&b.0.prefill_ms(0, 1000, b.1))
+        })
+        .unwrap_or_else(|| {
+            let p = StepProfile::builtin(kvsim::profile::DEFAULT_PROFILE).expect("default profile");
+            (p, p.max_num_batched_tokens)
+        })
+}
+
+fn replica_config(
+    plan: &Plan,
+    tokenizer: Option<&Path>,
+    time_scale: f64,
+    group: &ReplicaGroup,
+    name: String,
+    kv_events: bool,
+) -> ReplicaConfig {
+    ReplicaConfig {
+        name,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        models: vec![plan.model.clone()],
+        profile: group.profile.clone(),
+        block_size: group.block_size,
+        num_gpu_blocks: group.num_gpu_blocks,
+        max_num_seqs: group.max_num_seqs,
+        max_num_batched_tokens: group.max_num_batched_tokens,
+        time_scale,
+        kv_events: kv_events.then(|| KvEventsConfig {
+            endpoint: "tcp://*:0".into(),
+            topic: String::new(),
+        }),
+        tokenizer: tokenizer.map(replica_tokenizer_paths),
+        ..ReplicaConfig::default()
+    }
+}
+
+fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult {
+    RunResult {
+        workload: w.name.clone(),
+        kind: w.shape.kind().into(),
+        rate,
+        label: p.label().into(),
+        policy: p.policy.clone(),
+        failed: Some(why),
+        stats: None,
+        bound: None,
+        cross_tenant: None,
+        decision: Histogram::default(),
+        cpu: CpuUse::default(),
+        events: Vec::new(),
+        token_mismatches: 0,
+        records: Vec::new(),
+        samples: Vec::new(),
+    }
+}
+
+fn safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_one(
+    plan: &Plan,
+    w: &WorkloadSpec,
+    p: &PolicySpec,
+    trace: &Arc<Trace>,
+    views: &[EngineView],
+    bound: &LowerBound,
+    tok_dir: &Path,
+    o: &SuiteOptions,
+    block_size: u32,
+) -> RunResult {
+    let rate = trace.rate;
+    let dir = o
+        .out_dir
+        .join("runs")
+        .join(safe(&format!("{}-{rate}-{}", w.name, p.label())));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return failed(w, rate, p, e.to_string());
+    }
+    match run_stack(
+        plan, w, p, trace, views, bound, tok_dir, o, block_size, &dir,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => failed(w, rate, p, e.to_string()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_stack(
+    plan: &Plan,
+    w: &WorkloadSpec,
+    p: &PolicySpec,
+    trace: &Arc<Trace>,
+    views: &[EngineView],
+    bound: &LowerBound,
+    tok_dir: &Path,
+    o: &SuiteOptions,
+    block_size: u32,
+    dir: &Path,
+) -> Result<RunResult, BenchError> {
+    let bins = &o.binaries;
+    let eds = dir.join("eds.json");
+    let tenant_header = trace.tenant_header.clone();
+    let model = plan.model.clone();
+    let tokenizer = plan.router_tokenizer.then(|| tok_dir.to_path_buf());
+    let policy = p.clone();
+    let render_router = move |eps: &[EndpointInfo]| {
+        routercfg::render(
+            &policy,
+            &RouterInputs {
+                model: &model,
+                tokenizer: tokenizer.as_deref(),
+                tenant_header: tenant_header.as_deref(),
+                eds_path: &eds,
+                endpoints: eps,
+            },
+        )
+    };
+    // The policy first: a config kvrouter rejects fails this run before anything starts.
+    let probe: Vec<EndpointInfo> = (0..plan.fleet_of(w).iter().map(|g| g.count).sum::<usize>())
+        .map(|i| EndpointInfo {
+            name: format!("r{i}"),
+            address: SocketAddr::from(([127, 0, 0, 1], 1 + i as u16)),
+            kv_events: p.kv_events.then(|| format!("tcp://127.0.0.1:{}", 2 + i)),
+        })
+        .collect();
+    let config_path = dir.join("kvrouter.yaml");
+    std::fs::write(&config_path, render_router(&probe))
+        .map_err(|e| BenchError::Io(e.to_string()))?;
+    procs::check_config(&bins.kvrouter, &config_path).map_err(BenchError::Config)?;
+
+    let kv_events = p.kv_events;
+    let plan_c = plan.clone();
+    let scale = plan.time_scale_of(w);
+    let replica_tok = plan.replica_tokenizer.then(|| tok_dir.to_path_buf());
+    let make_config = move |g: &ReplicaGroup, name: String| {
+        replica_config(&plan_c, replica_tok.as_deref(), scale, g, name, kv_events)
+    };
+    let mut replicas = Vec::new();
+    let mut i = 0;
+    for g in plan.fleet_of(w) {
+        for _ in 0..g.count {
+            replicas.push(ReplicaProc::start(
+                &bins.kvsim,
+                dir,
+                make_config(g, format!("r{i}")),
+            )?);
+            i += 1;
+        }
+    }
+    let fleet = Fleet {
+        kvsim: bins.kvsim.clone(),
+        dir: dir.to_path_buf(),
+        make_config: Box::new(make_config),
+        render_router: Box::new(render_router),
+        default_group: plan.fleet_of(w).first().cloned().unwrap_or_default(),
+        replicas,
+    };
+    std::fs::write(&config_path, (fleet.render_router)(&fleet.endpoints()))
+        .map_err(|e| BenchError::Io(e.to_string()))?;
+    let router = Arc::new(RouterProc::start(&bins.kvrouter, dir, &config_path)?);
+    procs::wait_http(&format!("http://{}/readyz", router.admin)).await?;
+    let envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+        extproc: router.grpc,
+        replicas: kvrouter::envoyconf::Replicas::EdsFile(dir.join("eds.json")),
+        ..kvrouter::envoyconf::EnvoyOptions::default()
+    });
+    let envoy = EnvoyProc::start(&bins.envoy, dir, &envoy_yaml).await?;
+    let addrs: Vec<SocketAddr> = fleet.replicas.iter().map(|r| r.addr).collect();
+    envoy.wait_for_hosts(&addrs).await?;
+    let targets: scrape::Targets = Arc::new(RwLock::new(
+        fleet
+            .replicas
+            .iter()
+            .map(|r| (r.name().to_string(), r.addr))
+            .collect(),
+    ));
+    let fleet = Arc::new(Mutex::new(fleet));
+
+    // The load phase.
+    let cpu_at = |fleet: &Fleet| {
+        (
+            procs::own_cpu_s(),
+            fleet.replicas.iter().map(ReplicaProc::cpu_s).sum::<f64>(),
+            router.proc.cpu_s(),
+            envoy.proc.cpu_s(),
+        )
+    };
+    let before = cpu_at(&fleet.lock());
+    let clock = SimClock {
+        t0: Instant::now() + Duration::from_millis(100),
+        scale: plan.time_scale_of(w),
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let scraper = tokio::spawn(scrape::scrape_replicas(
+        Arc::clone(&targets),
+        clock,
+        Duration::from_millis(plan.scrape_interval_ms),
+        stop_rx,
+    ));
+    let events = tokio::spawn(scenario::run_events(
+        w.events.clone(),
+        Arc::clone(&fleet),
+        Arc::clone(&router),
+        Arc::clone(&targets),
+        clock,
+    ));
+    let options = RunOptions {
+        base_url: format!("http://{}", envoy.addr),
+        model: plan.model.clone(),
+        max_concurrency: plan.max_concurrency,
+        drain_timeout: Duration::from_secs(plan.drain_timeout_s),
+        progress: o.progress,
+        label: format!("{}/{}", w.name, p.label()),
+    };
+    let records = runner::run(Arc::clone(trace), clock, &options).await;
+    let wall_s = clock.t0.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    let samples = scraper.await.unwrap_or_default();
+    let events = if events.is_finished() {
+        events.await.unwrap_or_default()
+    } else {
+        events.abort();
+        Vec::new()
+    };
+    let after = cpu_at(&fleet.lock());
+    let decision = scrape::fetch_histogram(
+        &format!("http://{}/metrics", router.admin),
+        "kvrouter_decision_duration_seconds",
+    )
+    .await;
+    scrape::save_router_debug(router.admin, dir).await;
+    drop(envoy);
+    drop(fleet);
+
+    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms, plan.time_scale_of(w));
+    let ttft_ok: Vec<f64> = records
+        .iter()
+        .filter(|r| r.ok())
+        .filter_map(|r| r.ttft_ms())
+        .collect();
+    let bound_ratio = {
+        let m = stats::mean(&bound.ttft_ms).unwrap_or(0.0);
+        let p90 = stats::percentile(&bound.ttft_ms, 0.9).unwrap_or(0.0);
+        BoundRatio {
+            bound_mean_ms: m,
+            bound_p90_ms: p90,
+            mean_ratio: stats::mean(&ttft_ok).filter(|_| m > 0.0).map(|v| v / m),
+            p90_ratio: stats::percentile(&ttft_ok, 0.9)
+                .filter(|_| p90 > 0.0)
+                .map(|v| v / p90),
+        }
+    };
+    let cross_tenant = trace
+        .tenant_header
+        .is_some()
+        .then(|| oracle::cross_tenant_hits(&records, views, block_size));
+    let token_mismatches = records
+        .iter()
+        .filter(|r| {
+            r.prompt_tokens
+                .is_some_and(|n| views.get(r.id).is_some_and(|v| v.prompt_tokens as u64 != n))
+        })
+        .count();
+    Ok(RunResult {
+        workload: w.name.clone(),
+        kind: w.shape.kind().into(),
+        rate: trace.rate,
+        label: p.label().into(),
+        policy: p.policy.clone(),
+        failed: None,
+        stats: Some(stats),
+        bound: Some(bound_ratio),
+        cross_tenant,
+        decision,
+        cpu: CpuUse {
+            wall_s,
+            bench_s: after.0 - before.0,
+            replicas_s: after.1 - before.1,
+            router_s: after.2 - before.2,
+            envoy_s: after.3 - before.3,
+        },
+        events,
+        token_mismatches,
+        records,
+        samples,
+    })
+}

@@ -1,0 +1,185 @@
+//! The benchmark tool end to end on a tiny plan: real kvsim replicas, kvrouter and Envoy on
+//! loopback, two policies on one trace, a policy kvrouter does not know (its run fails, the
+//! bench goes on), conversation turns, a replica killed and restarted, the multi-tenant check
+//! with and without `cache_salt`, and the report files.
+//! Seconds, not a benchmark: nothing here asserts a latency.
+
+use testkit as common;
+
+use std::path::PathBuf;
+
+use kvbench::plan::{PolicySpec, Shape};
+use kvbench::procs::Binaries;
+use kvbench::{run_plan, Plan, SuiteOptions};
+
+fn fixture_tokenizer() -> PathBuf {
+    common::repo()
+        .ancestors()
+        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
+        .find(|p| p.join("tokenizer.json").is_file())
+        .expect("shared fixture tokenizer beside the repository")
+}
+
+fn options(out: PathBuf) -> SuiteOptions {
+    SuiteOptions {
+        binaries: Binaries {
+            kvsim: common::kvsim_bin(),
+            kvrouter: common::kvrouter_bin(),
+            envoy: common::envoy_bin(),
+        },
+        tokenizers_dir: PathBuf::from("/nonexistent"),
+        out_dir: out,
+        progress: false,
+        workloads: Vec::new(),
+        policies: Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_plan_runs_every_policy_and_reports() {
+    let mut plan = Plan::load("smoke").unwrap();
+    plan.tokenizer = fixture_tokenizer().display().to_string();
+    plan.policies.push(PolicySpec {
+        policy: "no-such-policy".into(),
+        ..PolicySpec::default()
+    });
+    // The default policy on the engines' KV events, as the quick plan runs it: the replicas
+    // publish, the generated config connects kvrouter to them.
+    plan.policies.push(PolicySpec {
+        label: "predicted-ttft+events".into(),
+        policy: "predicted-ttft".into(),
+        kv_events: true,
+        endpoint_yaml: Some(
+            serde_norway::from_str(r#"{kv_events: {connect: "{kv_events}"}}"#).unwrap(),
+        ),
+        ..PolicySpec::default()
+    });
+    // The negative control: the same multi-tenant workload without cache_salt.
+    let mut leaky = plan
+        .workloads
+        .iter()
+        .find(|w| w.name == "multi-tenant")
+        .unwrap()
+        .clone();
+    leaky.name = "multi-tenant-unsalted".into();
+    if let Shape::MultiTenant(s) = &mut leaky.shape {
+        s.cache_salt = false;
+    }
+    plan.workloads.push(leaky);
+    let out = tempfile::tempdir().unwrap();
+    let mut report = run_plan(&plan, &options(out.path().to_path_buf()))
+        .await
+        .unwrap();
+    report.finish(out.path()).unwrap();
+
+    for w in [
+        "shared-prefix",
+        "multi-tenant",
+        "multi-tenant-unsalted",
+        "multi-turn",
+    ] {
+        for label in ["round-robin", "least-loaded", "predicted-ttft+events"] {
+            let run = report
+                .runs
+                .iter()
+                .find(|r| r.workload == w && r.label == label)
+                .unwrap_or_else(|| panic!("{w}/{label} missing"));
+            assert!(run.failed.is_none(), "{w}/{label}: {:?}", run.failed);
+            let s = run.stats.as_ref().unwrap();
+            assert_eq!(s.requests, run.records.len());
+            assert_eq!(s.errors, 0, "{w}/{label}: {:?}", s.error_kinds);
+            assert!(run
+                .records
+                .iter()
+                .all(|r| r.replica.is_some() && r.prompt_tokens.is_some()));
+            assert_eq!(
+                run.token_mismatches, 0,
+                "engine token counts agree with the replicas'"
+            );
+            assert!(!run.samples.is_empty(), "replica metrics were scraped");
+            assert!(
+                run.decision.count >= s.requests as f64,
+                "router decisions counted"
+            );
+        }
+        let unknown = report
+            .runs
+            .iter()
+            .find(|r| r.workload == w && r.label == "no-such-policy")
+            .unwrap();
+        let why = unknown.failed.as_deref().unwrap_or("");
+        assert!(why.contains("kvrouter rejected the config"), "{why}");
+    }
+    // The events run really ran the shared prefixes: their blocks were found cached.
+    let events_hits = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "shared-prefix" && r.label == "predicted-ttft+events")
+        .and_then(|r| r.stats.as_ref())
+        .and_then(|s| s.kv_hit_rate)
+        .unwrap();
+    assert!(events_hits > 0.3, "hit rate {events_hits}");
+
+    // Later turns resend the conversation: they find its earlier blocks cached.
+    let turns = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "multi-turn" && r.label == "least-loaded")
+        .unwrap();
+    assert_eq!(turns.records.len(), 9);
+    assert!(turns.stats.as_ref().unwrap().kv_hit_rate.unwrap() > 0.3);
+
+    // Kill and restart: both done, every request accounted for, the disturbance computed.
+    let killed = report
+        .runs
+        .iter()
+        .find(|r| r.workload == "kill-restart" && r.label == "least-loaded")
+        .unwrap();
+    assert!(killed.failed.is_none(), "{:?}", killed.failed);
+    let outcomes: Vec<&str> = killed.events.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["ok", "ok"], "{:?}", killed.events);
+    assert_eq!(killed.records.len(), 16);
+    let analysis = report.analysis.as_ref().unwrap();
+    assert!(
+        analysis
+            .kill_restart
+            .iter()
+            .any(|d| d.label == "least-loaded"),
+        "{:?}",
+        analysis.kill_restart
+    );
+
+    // Identical traces: the same prompts reached the replicas under both policies.
+    let tokens = |label: &str| -> Vec<Option<u64>> {
+        let run = report
+            .runs
+            .iter()
+            .find(|r| r.workload == "shared-prefix" && r.label == label)
+            .unwrap();
+        run.records.iter().map(|r| r.prompt_tokens).collect()
+    };
+    assert_eq!(tokens("round-robin"), tokens("least-loaded"));
+
+    let hits = |w: &str| -> usize {
+        report
+            .runs
+            .iter()
+            .filter(|r| r.workload == w && r.failed.is_none())
+            .map(|r| r.cross_tenant.as_ref().expect("tenant check ran").requests)
+            .sum()
+    };
+    assert_eq!(hits("multi-tenant"), 0, "cache_salt isolates tenants");
+    assert!(
+        hits("multi-tenant-unsalted") > 0,
+        "without cache_salt the check finds sharing"
+    );
+
+    for f in ["results.json", "summary.json", "report.md"] {
+        assert!(out.path().join(f).is_file(), "{f}");
+    }
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("| shared-prefix | 4 | least-loaded |"), "{md}");
+    assert!(md.contains("FAILED: kvrouter rejected the config"), "{md}");
+    let svgs = std::fs::read_dir(out.path().join("plots")).unwrap().count();
+    assert!(svgs >= 4, "{svgs} plots");
+}

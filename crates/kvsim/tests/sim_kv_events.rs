@@ -1,0 +1,347 @@
+//! KV events over real ZMQ sockets (loopback), decoded with a generic msgpack decoder (`rmpv`),
+//! not with the simulator's encoder: the documented vLLM 0.32 shape, sequence numbers, hash
+//! chaining, bind and connect modes, cache drops and restarts. Real time with a large
+//! `time_scale`; every wait has a deadline.
+
+use kvsim::inproc as sim_support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvsim::block_hash::{BlockHasher, HashKeys};
+use kvsim::KvEventsConfig;
+use rmpv::Value as Mp;
+use sim_support::*;
+use tokio::time::timeout;
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Keys of a BlockStored map, in the order of vLLM 0.32's capture.
+const STORED_KEYS: [&str; 11] = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+];
+
+/// One decoded multipart message.
+#[derive(Debug)]
+struct Message {
+    topic: Bytes,
+    seq: u64,
+    events: Vec<Vec<(String, Mp)>>,
+}
+
+impl Message {
+    fn of_type<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Vec<(String, Mp)>> + 'a {
+        self.events
+            .iter()
+            .filter(move |e| field(e, "type").as_str() == Some(kind))
+    }
+}
+
+fn field<'a>(event: &'a [(String, Mp)], key: &str) -> &'a Mp {
+    &event
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key} in {event:?}"))
+        .1
+}
+
+fn u64s(v: &Mp) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("uint"))
+        .collect()
+}
+
+fn decode(frames: Vec<Bytes>) -> Message {
+    assert_eq!(frames.len(), 3, "multipart [topic, seq, payload]");
+    let seq_bytes: [u8; 8] = frames[1].as_ref().try_into().expect("8-byte sequence");
+    let payload = rmpv::decode::read_value(&mut &frames[2][..]).expect("msgpack");
+    let batch = payload.as_array().expect("batch is an array");
+    assert_eq!(batch.len(), 3, "[ts, events, dp_rank]");
+    assert!(
+        batch[0].as_f64().is_some_and(|ts| ts > 1.6e9),
+        "ts is float unix seconds"
+    );
+    assert_eq!(batch[2].as_u64(), Some(0), "data_parallel_rank");
+    let events = batch[1]
+        .as_array()
+        .expect("events array")
+        .iter()
+        .map(|e| {
+            e.as_map()
+                .expect("events are maps (vLLM 0.32)")
+                .iter()
+                .map(|(k, v)| (k.as_str().expect("string keys").to_string(), v.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Message {
+        topic: frames[0].clone(),
+        seq: u64::from_be_bytes(seq_bytes),
+        events,
+    }
+}
+
+async fn recv(sub: &mut SubSocket, within: Duration) -> Option<Message> {
+    match timeout(within, sub.recv()).await {
+        Ok(Ok(msg)) => Some(decode(msg.into_vec())),
+        _ => None,
+    }
+}
+
+/// Sends distinct requests until the subscriber receives something (PUB/SUB drops messages
+/// sent before the subscription is registered); returns that first message.
+async fn first_message(app: &axum::Router, sub: &mut SubSocket, seed: u32) -> Message {
+    let start = tokio::time::Instant::now();
+    let mut n = 0;
+    while start.elapsed() < DEADLINE {
+        call(
+            app,
+            "POST",
+            "/v1/completions",
+            Some(&tokens_body(&ids(seed + n, 40), 1)),
+        )
+        .await;
+        n += 1;
+        if let Some(msg) = recv(sub, Duration::from_millis(200)).await {
+            return msg;
+        }
+    }
+    panic!("no KV event within {DEADLINE:?}");
+}
+
+fn events_config(endpoint: &str, topic: &str) -> kvsim::ReplicaConfig {
+    let mut cfg = config("r1");
+    cfg.time_scale = 100.0;
+    cfg.kv_events = Some(KvEventsConfig {
+        endpoint: endpoint.into(),
+        topic: topic.into(),
+    });
+    cfg
+}
+
+#[tokio::test]
+async fn bound_publisher_sends_vllm_shaped_events_whose_hashes_chain() {
+    let (replica, app) = start(events_config("tcp://*:0", "kv@r1")).await;
+    let endpoint = replica
+        .kv_events_endpoint()
+        .expect("publishing")
+        .to_string();
+    assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+    let mut sub = SubSocket::new();
+    sub.connect(&endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    let first = first_message(&app, &mut sub, 100).await;
+    assert_eq!(first.topic, Bytes::from_static(b"kv@r1"));
+
+    // A 64-token prompt (4 blocks), then one that extends it by 2 blocks.
+    let base = ids(7, 64);
+    call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&tokens_body(&base, 1)),
+    )
+    .await;
+    let (status, _, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&tokens_body(&[base.clone(), ids(8, 32)].concat(), 1)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 64);
+
+    let mut messages = vec![first];
+    while messages
+        .iter()
+        .flat_map(|m| m.of_type("BlockStored"))
+        .count()
+        < 3
+    {
+        messages.push(
+            recv(&mut sub, DEADLINE)
+                .await
+                .expect("events for both requests"),
+        );
+    }
+    for pair in messages.windows(2) {
+        assert_eq!(pair[1].seq, pair[0].seq + 1, "consecutive sequence numbers");
+    }
+    let stored: Vec<&Vec<(String, Mp)>> = messages
+        .iter()
+        .flat_map(|m| m.of_type("BlockStored"))
+        .collect();
+    let [.., base_event, extension] = stored[..] else {
+        panic!("two BlockStored events")
+    };
+    for event in [base_event, extension] {
+        let keys: Vec<&str> = event.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, STORED_KEYS);
+        assert_eq!(field(event, "block_size").as_u64(), Some(16));
+        assert_eq!(field(event, "medium").as_str(), Some("GPU"));
+        assert_eq!(field(event, "group_idx").as_u64(), Some(0));
+        assert_eq!(
+            field(event, "kv_cache_spec_kind").as_str(),
+            Some("full_attention")
+        );
+        assert!(field(event, "lora_id").is_nil() && field(event, "lora_name").is_nil());
+        let hashes = u64s(field(event, "block_hashes"));
+        let tokens = u64s(field(event, "token_ids"));
+        assert_eq!(
+            tokens.len(),
+            hashes.len() * 16,
+            "token_ids cover exactly the new blocks"
+        );
+        assert_eq!(
+            field(event, "extra_keys").as_array().unwrap().len(),
+            hashes.len()
+        );
+        // Each hash is (parent, block tokens) chained: recompute from the event alone.
+        let mut hasher = BlockHasher::new(16, 0);
+        let mut parent = field(event, "parent_block_hash").as_u64();
+        for (k, hash) in hashes.iter().enumerate() {
+            let block: Vec<u32> = tokens[k * 16..(k + 1) * 16]
+                .iter()
+                .map(|&t| t as u32)
+                .collect();
+            assert_eq!(
+                hasher.hash_block(parent, &block, 0, &HashKeys::default()),
+                *hash
+            );
+            parent = Some(*hash);
+        }
+    }
+    let base_hashes = u64s(field(base_event, "block_hashes"));
+    assert_eq!(base_hashes.len(), 4);
+    assert!(field(base_event, "parent_block_hash").is_nil());
+    assert_eq!(
+        u64s(field(base_event, "token_ids")),
+        base.iter().map(|&t| u64::from(t)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        field(extension, "parent_block_hash").as_u64(),
+        base_hashes.last().copied(),
+        "the extension chains onto the prefix"
+    );
+    assert_eq!(u64s(field(extension, "block_hashes")).len(), 2);
+}
+
+#[tokio::test]
+async fn connecting_publisher_reaches_a_bound_subscriber_and_restarts_its_sequence() {
+    let mut sub = SubSocket::new();
+    let bound = sub
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .expect("bind")
+        .to_string();
+    sub.subscribe("").await.expect("subscribe");
+    let (replica, app) = start(events_config(&bound, "")).await;
+    assert_eq!(replica.kv_events_endpoint(), Some(bound.as_str()));
+    let first = first_message(&app, &mut sub, 200).await;
+    assert_eq!(first.topic, Bytes::new());
+    call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&tokens_body(&ids(300, 40), 1)),
+    )
+    .await;
+    let second = recv(&mut sub, DEADLINE).await.expect("a second batch");
+    assert_eq!(second.seq, first.seq + 1);
+
+    // Dropping the cache publishes AllBlocksCleared at once.
+    call(&app, "POST", "/admin/drop-cache", None).await;
+    let cleared = recv(&mut sub, DEADLINE).await.expect("a clear batch");
+    assert_eq!(cleared.seq, second.seq + 1);
+    let kinds: Vec<_> = cleared
+        .events
+        .iter()
+        .map(|e| field(e, "type").as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, vec!["AllBlocksCleared"]);
+    assert_eq!(
+        cleared.events[0].len(),
+        1,
+        "AllBlocksCleared has only its type"
+    );
+
+    // A restart reopens the socket and numbers from 0 again.
+    call(&app, "POST", "/admin/restart", None).await;
+    let after = first_message(&app, &mut sub, 400).await;
+    assert!(
+        after.seq < cleared.seq,
+        "sequence restarted: {} then {}",
+        cleared.seq,
+        after.seq
+    );
+    assert!(
+        after.of_type("AllBlocksCleared").next().is_none(),
+        "a restart sends no clear event"
+    );
+}
+
+#[tokio::test]
+async fn lora_requests_carry_the_adapter_in_events() {
+    let mut cfg = events_config("tcp://*:0", "");
+    cfg.adapters = vec!["sql".into(), "chat".into()];
+    let (replica, app) = start(cfg).await;
+    let mut sub = SubSocket::new();
+    sub.connect(replica.kv_events_endpoint().unwrap())
+        .await
+        .unwrap();
+    sub.subscribe("").await.unwrap();
+    first_message(&app, &mut sub, 500).await;
+    let mut body = tokens_body(&ids(9, 32), 1);
+    body["model"] = "chat".into();
+    call(&app, "POST", "/v1/completions", Some(&body)).await;
+    let msg = recv(&mut sub, DEADLINE).await.expect("event");
+    let stored = msg.of_type("BlockStored").next().expect("BlockStored");
+    assert_eq!(field(stored, "lora_name").as_str(), Some("chat"));
+    assert_eq!(field(stored, "lora_id").as_u64(), Some(2));
+    let extra = field(stored, "extra_keys").as_array().unwrap();
+    assert_eq!(extra.len(), 2);
+    assert_eq!(extra[0].as_array().unwrap()[0].as_str(), Some("chat"));
+}
+
+#[tokio::test]
+async fn bound_publisher_rebinds_its_port_after_a_restart() {
+    let (replica, app) = start(events_config("tcp://*:0", "")).await;
+    let endpoint = replica.kv_events_endpoint().unwrap().to_string();
+    let mut sub = SubSocket::new();
+    sub.connect(&endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    let before = first_message(&app, &mut sub, 600).await;
+    call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(&tokens_body(&ids(700, 40), 1)),
+    )
+    .await;
+    let later = recv(&mut sub, DEADLINE).await.expect("a second batch");
+    assert_eq!(later.seq, before.seq + 1);
+    call(&app, "POST", "/admin/restart", None).await;
+    // Same endpoint: the subscriber reconnects by itself.
+    let after = first_message(&app, &mut sub, 800).await;
+    assert!(
+        after.seq < later.seq,
+        "sequence restarted: {} then {}",
+        later.seq,
+        after.seq
+    );
+    assert_eq!(replica.kv_events_endpoint(), Some(endpoint.as_str()));
+}
