@@ -14,11 +14,7 @@ use kvrouter::prefix::{Namespace, TokenizerRegistry};
 use kvrouter::request::{self, ApiKind};
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("kv-events.jsonl").is_file())
-        .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
+    testkit::shared_fixture()
 }
 
 fn hex(s: &str) -> Vec<u8> {
