@@ -4,29 +4,14 @@
 //! with and without `cache_salt`, and the report files.
 //! Seconds, not a benchmark: nothing here asserts a latency.
 
-use testkit as common;
-
 use std::path::PathBuf;
 
 use kvbench::plan::{PolicySpec, Shape};
-use kvbench::procs::Binaries;
 use kvbench::{run_plan, Plan, SuiteOptions};
-
-fn fixture_tokenizer() -> PathBuf {
-    common::repo()
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("tokenizer.json").is_file())
-        .expect("shared fixture tokenizer beside the repository")
-}
 
 fn options(out: PathBuf) -> SuiteOptions {
     SuiteOptions {
-        binaries: Binaries {
-            kvsim: common::kvsim_bin(),
-            kvrouter: common::kvrouter_bin(),
-            envoy: common::envoy_bin(),
-        },
+        binaries: testkit::binaries(),
         tokenizers_dir: PathBuf::from("/nonexistent"),
         out_dir: out,
         progress: false,
@@ -38,7 +23,7 @@ fn options(out: PathBuf) -> SuiteOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_plan_runs_every_policy_and_reports() {
     let mut plan = Plan::load("smoke").unwrap();
-    plan.tokenizer = fixture_tokenizer().display().to_string();
+    plan.tokenizer = testkit::shared_fixture().display().to_string();
     plan.policies.push(PolicySpec {
         policy: "no-such-policy".into(),
         ..PolicySpec::default()
