@@ -72,7 +72,11 @@ pub async fn run_events(
 ) -> Vec<EventRecord> {
     let mut events = events;
     events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    let client = reqwest::Client::new();
+    // Admin calls are bounded, so the run's wait for its events is too.
+    let client = reqwest::Client::builder()
+        .timeout(testkit::STARTUP)
+        .build()
+        .unwrap_or_default();
     let mut out = Vec::new();
     for e in events {
         tokio::time::sleep_until(clock.instant(e.at_s * 1000.0).into()).await;

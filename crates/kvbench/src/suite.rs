@@ -441,15 +441,17 @@ async fn run_stack(
         label: format!("{}/{}", w.name, p.label()),
     };
     let records = runner::run(Arc::clone(trace), clock, &options).await;
+    // The load phase ends when the trace is done AND every scenario event has been executed.
+    // On a busy machine the trace can be done before a late event finishes (a restart waits
+    // for the new process to come up); aborting the event task then lost its records, those
+    // of the events already done included. Each event is bounded (process start-up and admin
+    // calls have deadlines), so this wait is too.
+    let events = events
+        .await
+        .map_err(|e| BenchError::Process(format!("scenario events: {e}")))?;
     let wall_s = clock.t0.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     let samples = scraper.await.unwrap_or_default();
-    let events = if events.is_finished() {
-        events.await.unwrap_or_default()
-    } else {
-        events.abort();
-        Vec::new()
-    };
     let after = cpu_at(&fleet.lock());
     let decision = scrape::fetch_histogram(
         &format!("http://{}/metrics", router.admin),
