@@ -236,9 +236,19 @@ async fn kill_under_load(router_extra: &'static str) -> KillReport {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Keep the load on a while after the ejection.
+    // Keep the load on after the ejection until the survivors have taken 50 more decisions;
+    // the ejected replica must get none of them.
     let picked_at_ejection = counter(admin, "kvrouter_decisions_total", victim).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let total_at_ejection = metric_sum(admin, "kvrouter_decisions_total").await;
+    eventually(
+        "50 more decisions after the ejection",
+        Duration::from_secs(20),
+        || async move {
+            let total = metric_sum(admin, "kvrouter_decisions_total").await;
+            (total >= total_at_ejection + 50.0).then_some(())
+        },
+    )
+    .await;
     let picked_after = counter(admin, "kvrouter_decisions_total", victim).await;
     stop.store(true, Ordering::Relaxed);
     for w in workers {
