@@ -181,7 +181,9 @@ pools:
         (24, 0, 40),
         (24, 0, 0),
     ];
-    for (i, (frames, want)) in messages(&dir).iter().zip(expected).enumerate() {
+    let msgs = messages(&dir);
+    assert_eq!(msgs.len(), expected.len(), "one state per captured message");
+    for (i, (frames, want)) in msgs.iter().zip(expected).enumerate() {
         assert!(events.ingest(ep, frames));
         let held = |r: &[u64]| {
             let m = index.lookup(r, &[ep])[0];
