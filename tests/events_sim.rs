@@ -83,7 +83,7 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
     let mut endpoints = String::new();
     for i in 0..n {
         let kv = KvEventsConfig {
-            endpoint: "tcp://*:0".into(),
+            endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
         };
         let (replica, app) = start(replica_config(
