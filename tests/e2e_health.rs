@@ -513,14 +513,16 @@ async fn dns_discovery_finds_replicas_and_dead_addresses_are_ejected() {
         || async {
             let t = table().await?;
             let eps = t["endpoints"].as_array()?;
-            let ok = eps.iter().all(|e| {
-                let live = e["address"] == replica.addr.to_string();
-                if live {
-                    e["engine_signal"] == "fresh" && e["health"]["routable"] == true
-                } else {
-                    e["health"]["routable"] == false
-                }
-            });
+            let listed = eps.iter().any(|e| e["address"] == replica.addr.to_string());
+            let ok = listed
+                && eps.iter().all(|e| {
+                    let live = e["address"] == replica.addr.to_string();
+                    if live {
+                        e["engine_signal"] == "fresh" && e["health"]["routable"] == true
+                    } else {
+                        e["health"]["routable"] == false
+                    }
+                });
             ok.then_some(())
         },
     )
