@@ -119,7 +119,7 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
         cfg.time_scale = TIME_SCALE;
         cfg.num_gpu_blocks = Some(GPU_BLOCKS);
         cfg.kv_events = Some(KvEventsConfig {
-            endpoint: "tcp://*:0".into(),
+            endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
         });
         let (replica, app) = sim_support::start(cfg).await;

@@ -2,20 +2,12 @@
 //! the same real tokenizer as the router, so the replicas' reported `cached_tokens` confirm the
 //! router's prefix predictions.
 
-use testkit as common;
-
 use std::collections::HashMap;
-use std::time::Duration;
 
-use common::*;
+use testkit::*;
 
 fn fixture() -> String {
-    repo()
-        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
-        .canonicalize()
-        .expect("shared fixture")
-        .display()
-        .to_string()
+    shared_fixture().display().to_string()
 }
 
 fn system_prompt() -> String {
@@ -54,19 +46,10 @@ async fn stack_with(policy: &str, extra: &str) -> Stack {
         fixture()
     );
     let tokenizer = fixture();
-    let args: Vec<&str> = vec!["--tokenizer", &tokenizer];
-    // The harness wants 'static-ish slices; leak two small strings for the test's lifetime.
-    let args: &'static [&'static str] = Box::leak(
-        args.into_iter()
-            .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
-            .collect::<Vec<_>>()
-            .into_boxed_slice(),
-    );
-    let extra: &'static str = Box::leak(extra.into_boxed_str());
     Stack::start(StackOptions {
         replicas: 3,
-        router_extra: extra,
-        replica_args: args,
+        router_extra: &extra,
+        replica_flags: &["--tokenizer", &tokenizer],
         ..StackOptions::default()
     })
     .await
@@ -119,12 +102,7 @@ async fn a_hot_prefix_under_load_spills_to_other_replicas() {
         "pools:",
         &format!("policy: {{name: predicted-ttft}}\nmodels: [{{name: {MODEL}, tokenizer: \"{}\"}}]\npools:", fixture()),
     );
-    let before = stack.endpoint_table().await["version"].as_u64().unwrap();
-    std::fs::write(&stack.router.config, limited).unwrap();
-    eventually("reload", Duration::from_secs(10), || async {
-        (stack.endpoint_table().await["version"].as_u64() > Some(before)).then_some(())
-    })
-    .await;
+    stack.reload(&limited).await;
     // Warm one replica with the prefix.
     let warm = stack
         .post("/v1/chat/completions", body("warm up", 1, false))
@@ -195,11 +173,25 @@ async fn explain_via_the_admin_api_shows_the_holder_without_the_prompt() {
         !text.contains("logistics") && !text.contains("parcel"),
         "no prompt text: {text}"
     );
-    // The holder shows its matched tokens.
+    // The holder shows its matched tokens, in the table's `matched` column.
+    let header: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("rank "))
+        .expect("table header")
+        .split_whitespace()
+        .collect();
+    let column = header
+        .iter()
+        .position(|c| *c == "matched")
+        .expect("matched column");
     let line = text
         .lines()
         .find(|l| l.contains(&holder) && l.starts_with('0'))
         .expect("holder row");
-    let matched: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let matched: u64 = line
+        .split_whitespace()
+        .nth(column)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no matched tokens in {line}"));
     assert!(matched >= 300, "{line}");
 }

@@ -1,12 +1,10 @@
 //! End to end through the real Envoy 1.40: simulated replicas, kvrouter, Envoy, real HTTP.
 
-use testkit as common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
 use kvrouter::envoyconf::{BodyMode, ClusterStyle};
+use testkit::*;
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
@@ -95,8 +93,9 @@ async fn chat_and_completions_pass_through_envoy_intact() {
     assert_eq!(json(&models.body)["data"][0]["id"], MODEL);
     assert!(models.replica.is_some());
     assert_in_flight_drains(stack.router.admin).await;
-    let decisions = metric_lines(stack.router.admin, "kvrouter_decisions_total").await;
-    let total: f64 = decisions.iter().map(|(_, v)| v).sum();
+    let metrics = router_metrics(stack.router.admin).await;
+    let decisions: Vec<&Series> = metrics.named("kvrouter_decisions_total").collect();
+    let total: f64 = decisions.iter().map(|s| s.value).sum();
     assert_eq!(total, 5.0, "{decisions:?}");
     // Each request had a picker stream and an observer stream (Envoy's observability-mode
     // filter) that saw the response to its end.
@@ -105,13 +104,8 @@ async fn chat_and_completions_pass_through_envoy_intact() {
         "observer streams to end",
         Duration::from_secs(10),
         || async move {
-            let ends = metric_lines(admin, "kvrouter_streams_ended_total").await;
-            let count = |o: &str| {
-                ends.iter()
-                    .filter(|(s, _)| s.contains(&format!("outcome=\"{o}\"")))
-                    .map(|(_, v)| v)
-                    .sum::<f64>()
-            };
+            let m = router_metrics(admin).await;
+            let count = |o: &str| m.sum_where("kvrouter_streams_ended_total", "outcome", o);
             (count("routed") == 5.0 && count("complete") == 5.0).then_some(())
         },
     )
@@ -246,12 +240,7 @@ async fn router_errors_reach_the_client_through_envoy() {
         "routing: {max_body_bytes: 1048576, retry_after_s: 3}",
     )
     .replace("      - address:", "      - drain: true\n        address:");
-    let before = stack.endpoint_table().await["version"].as_u64().unwrap();
-    std::fs::write(&stack.router.config, yaml_pools).unwrap();
-    eventually("reload", Duration::from_secs(10), || async {
-        (stack.endpoint_table().await["version"].as_u64() > Some(before)).then_some(())
-    })
-    .await;
+    stack.reload(&yaml_pools).await;
     let r = stack
         .post("/v1/chat/completions", chat_body(MODEL, "hi", false, 1))
         .await;
@@ -261,14 +250,10 @@ async fn router_errors_reach_the_client_through_envoy() {
         .as_str()
         .unwrap()
         .contains("draining"));
-    let codes = metric_lines(stack.router.admin, "kvrouter_immediate_responses_total").await;
+    let metrics = router_metrics(stack.router.admin).await;
     for code in ["400", "404", "413", "503"] {
-        assert!(
-            codes
-                .iter()
-                .any(|(s, v)| s.contains(&format!("code=\"{code}\"")) && *v >= 1.0),
-            "{codes:?}"
-        );
+        let n = metrics.sum_where("kvrouter_immediate_responses_total", "code", code);
+        assert!(n >= 1.0, "{code}: {n}");
     }
     assert_in_flight_drains(stack.router.admin).await;
 }
@@ -279,7 +264,7 @@ async fn ten_mib_body_in_full_duplex_streamed_mode() {
     let stack = Stack::start(StackOptions {
         replicas: 2,
         body_mode: BodyMode::FullDuplex,
-        replica_args: &[
+        replica_flags: &[
             "--max-model-len",
             "4000000",
             "--num-gpu-blocks",
@@ -348,7 +333,7 @@ async fn hot_reload_adds_a_replica_without_dropping_an_in_flight_stream() {
     stack
         .reconfigure(&all[..2], "policy: {name: round-robin}")
         .await;
-    stack.envoy.wait_for_hosts(&all[..2]).await;
+    stack.envoy.wait_for_hosts(&all[..2]).await.unwrap();
     // A long stream in flight across the reload.
     let client = stack.client.clone();
     let addr = stack.envoy.addr;
@@ -363,7 +348,7 @@ async fn hot_reload_adds_a_replica_without_dropping_an_in_flight_stream() {
     });
     wait_for_in_flight(stack.router.admin, 1).await;
     stack.reconfigure(&all, "policy: {name: round-robin}").await;
-    stack.envoy.wait_for_hosts(&all).await;
+    stack.envoy.wait_for_hosts(&all).await.unwrap();
     let third = stack.replicas[2].name.clone();
     let mut reached_third = false;
     for i in 0..6 {

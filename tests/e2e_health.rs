@@ -4,15 +4,13 @@
 //! engine queue (seen only through its scraped metrics) gets less traffic; DNS discovery finds
 //! replicas.
 
-use testkit as common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
 
 /// The router's view of the endpoint at `addr` (`/debug/endpoints`).
 async fn endpoint(stack: &Stack, addr: SocketAddr) -> serde_json::Value {
@@ -61,14 +59,11 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
-/// Sum of a kvrouter counter's series whose labels contain `needle`.
-async fn counter(admin: SocketAddr, name: &str, needle: &str) -> f64 {
-    metric_lines(admin, name)
+/// kvrouter's counter `name` for the endpoint at `addr` (summed over its other labels).
+async fn counter(admin: SocketAddr, name: &str, addr: SocketAddr) -> f64 {
+    router_metrics(admin)
         .await
-        .iter()
-        .filter(|(series, _)| series.contains(needle))
-        .map(|(_, v)| v)
-        .sum()
+        .sum_where(name, "endpoint", &addr.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,19 +106,9 @@ async fn a_failing_replica_is_ejected_without_client_errors_and_rejoins_after_re
                 && l.contains("failed=1")),
         "no attempt count from Envoy in the router's log"
     );
-    let ejections = counter(
-        stack.router.admin,
-        "kvrouter_ejections_total",
-        &sick.to_string(),
-    )
-    .await;
+    let ejections = counter(stack.router.admin, "kvrouter_ejections_total", sick).await;
     assert!(ejections >= 1.0, "r0 was ejected by its breaker");
-    let decisions_for_sick = counter(
-        stack.router.admin,
-        "kvrouter_decisions_total",
-        &sick.to_string(),
-    )
-    .await;
+    let decisions_for_sick = counter(stack.router.admin, "kvrouter_decisions_total", sick).await;
     assert!(
         decisions_for_sick < 15.0,
         "an ejected replica stops being picked (round-robin would give it 10 of 30, plus trials): {decisions_for_sick}"
@@ -235,12 +220,11 @@ async fn kill_under_load(router_extra: &'static str) -> KillReport {
         "traffic on the victim",
         Duration::from_secs(15),
         || async move {
-            (counter(admin, "kvrouter_decisions_total", &victim.to_string()).await >= 3.0)
-                .then_some(())
+            (counter(admin, "kvrouter_decisions_total", victim).await >= 3.0).then_some(())
         },
     )
     .await;
-    stack.replicas[1].proc.kill();
+    stack.replicas[1].kill();
     let killed_at = Instant::now();
     let mut report = KillReport::default();
     let deadline = killed_at + Duration::from_secs(20);
@@ -252,10 +236,20 @@ async fn kill_under_load(router_extra: &'static str) -> KillReport {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Keep the load on a while after the ejection.
-    let picked_at_ejection = counter(admin, "kvrouter_decisions_total", &victim.to_string()).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let picked_after = counter(admin, "kvrouter_decisions_total", &victim.to_string()).await;
+    // Keep the load on after the ejection until the survivors have taken 50 more decisions;
+    // the ejected replica must get none of them.
+    let picked_at_ejection = counter(admin, "kvrouter_decisions_total", victim).await;
+    let total_at_ejection = metric_sum(admin, "kvrouter_decisions_total").await;
+    eventually(
+        "50 more decisions after the ejection",
+        Duration::from_secs(20),
+        || async move {
+            let total = metric_sum(admin, "kvrouter_decisions_total").await;
+            (total >= total_at_ejection + 50.0).then_some(())
+        },
+    )
+    .await;
+    let picked_after = counter(admin, "kvrouter_decisions_total", victim).await;
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         for (stream, status, complete) in w.await.unwrap() {
@@ -361,7 +355,7 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
     let stack = Stack::start(StackOptions {
         replicas: 3,
         // Two batch slots per replica, so a few long requests make a queue.
-        replica_args: &["--max-num-seqs", "2"],
+        replica_flags: &["--max-num-seqs", "2"],
         ..StackOptions::default()
     })
     .await;
@@ -467,7 +461,7 @@ async fn a_replica_with_a_long_scraped_queue_receives_less_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_discovery_finds_replicas_and_dead_addresses_are_ejected() {
     let dir = tempfile::tempdir().unwrap();
-    let replica = start_replica(dir.path(), "r0", &[MODEL]);
+    let replica = start_replica(dir.path(), ReplicaSpec::new("r0"));
     // `localhost` may also resolve to ::1, where nothing listens: that address must be ejected
     // by the health checks, not break routing.
     let yaml = format!(
@@ -519,14 +513,16 @@ async fn dns_discovery_finds_replicas_and_dead_addresses_are_ejected() {
         || async {
             let t = table().await?;
             let eps = t["endpoints"].as_array()?;
-            let ok = eps.iter().all(|e| {
-                let live = e["address"] == replica.addr.to_string();
-                if live {
-                    e["engine_signal"] == "fresh" && e["health"]["routable"] == true
-                } else {
-                    e["health"]["routable"] == false
-                }
-            });
+            let listed = eps.iter().any(|e| e["address"] == replica.addr.to_string());
+            let ok = listed
+                && eps.iter().all(|e| {
+                    let live = e["address"] == replica.addr.to_string();
+                    if live {
+                        e["engine_signal"] == "fresh" && e["health"]["routable"] == true
+                    } else {
+                        e["health"]["routable"] == false
+                    }
+                });
             ok.then_some(())
         },
     )
@@ -539,7 +535,7 @@ async fn dns_discovery_finds_replicas_and_dead_addresses_are_ejected() {
         None,
     );
     let envoy = start_envoy(dir.path(), &envoy_yaml).await;
-    envoy.wait_for_hosts(&discovered).await;
+    envoy.wait_for_hosts(&discovered).await.unwrap();
     for i in 0..5 {
         let r = post(
             &client,

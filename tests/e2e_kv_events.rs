@@ -2,21 +2,9 @@
 //! subscribes, and requests routed through Envoy follow what the engines actually hold,
 //! including blocks filled by traffic that never went through the router.
 
-use testkit as common;
-
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
-
-fn fixture() -> String {
-    repo()
-        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
-        .canonicalize()
-        .expect("shared fixture")
-        .display()
-        .to_string()
-}
+use testkit::*;
 
 fn system_prompt() -> String {
     "You are the support assistant of a freight company; always quote the tracking number. "
@@ -31,65 +19,26 @@ fn body(question: &str) -> String {
     .to_string()
 }
 
-struct EventsStack {
-    stack: Stack,
-}
-
-/// Replicas publishing KV events on ephemeral bound sockets, and a router subscribed to each.
-async fn start() -> EventsStack {
-    let dir = tempfile::tempdir().unwrap();
-    let tokenizer = fixture();
-    let replicas: Vec<Replica> = (0..2)
-        .map(|i| {
-            start_replica_with(
-                dir.path(),
-                &format!("r{i}"),
-                &[MODEL],
-                &["--tokenizer", &tokenizer, "--kv-events", "tcp://*:0"],
-            )
-        })
-        .collect();
-    let endpoints: String = replicas
-        .iter()
-        .map(|r| {
-            format!(
-                "      - address: \"{}\"\n        kv_events: {{connect: \"{}\"}}\n",
-                r.addr,
-                r.kv_events.as_deref().expect("publishing")
-            )
-        })
-        .collect();
-    let yaml = format!(
-        "server: {{reload_interval_ms: 50}}\nenvoy: {{eds_path: {eds}}}\npolicy: {{name: predicted-ttft}}\n\
-         models: [{{name: {MODEL}, tokenizer: \"{tokenizer}\"}}]\n\
-         pools:\n  - name: test\n    models: [{MODEL}]\n    endpoints:\n{endpoints}",
-        eds = dir.path().join("eds.json").display()
+/// Two replicas publishing KV events on ephemeral bound sockets, tokenizing with the router's
+/// tokenizer, and a router subscribed to each.
+async fn start() -> Stack {
+    let tokenizer = shared_fixture().display().to_string();
+    let extra = format!(
+        "policy: {{name: predicted-ttft}}\nmodels: [{{name: {MODEL}, tokenizer: \"{tokenizer}\"}}]"
     );
-    let router = start_router(dir.path(), &yaml);
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let yaml = envoy_yaml(
-        &router,
-        dir.path(),
-        kvrouter::envoyconf::ClusterStyle::OverrideHost,
-        kvrouter::envoyconf::BodyMode::Buffered,
-        None,
-    );
-    let envoy = start_envoy(dir.path(), &yaml).await;
-    envoy.wait_for_hosts(&addrs).await;
-    EventsStack {
-        stack: Stack {
-            dir,
-            replicas,
-            router,
-            envoy,
-            client: reqwest::Client::new(),
-        },
-    }
+    Stack::start(StackOptions {
+        replicas: 2,
+        router_extra: &extra,
+        replica_flags: &["--tokenizer", &tokenizer],
+        kv_events: true,
+        ..StackOptions::default()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale_hit() {
-    let EventsStack { stack } = start().await;
+    let stack = start().await;
     let (r1, r1_addr) = (&stack.replicas[1].name, stack.replicas[1].addr);
     // Fill r1 directly, bypassing Envoy and the router.
     let direct = post(
@@ -143,15 +92,12 @@ async fn traffic_that_bypassed_the_router_is_found_and_a_restart_leaves_no_stale
         },
     )
     .await;
-    let metrics = reqwest::get(format!("http://{}/metrics", stack.router.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("kvrouter_kv_events_messages_total"),
-        "{metrics}"
+    let metrics = router_metrics(stack.router.admin).await;
+    let messages = metrics.sum_where(
+        "kvrouter_kv_events_messages_total",
+        "endpoint",
+        &r1_addr.to_string(),
     );
+    assert!(messages >= 1.0, "r1's batches were counted: {messages}");
     assert_in_flight_drains(stack.router.admin).await;
 }

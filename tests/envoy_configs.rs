@@ -1,13 +1,11 @@
 //! The configs shipped in `envoy/` are what `kvrouter envoy-config` renders, and real Envoy 1.40
 //! accepts each of them (`envoy --mode validate`).
 
-use testkit as common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
 use kvrouter::envoyconf::{render, BodyMode, ClusterStyle, EnvoyOptions, Replicas};
+use testkit::{envoy_bin, repo};
 
 fn shipped() -> Vec<(&'static str, EnvoyOptions)> {
     let eds = || Replicas::EdsFile(".run/eds.json".into());

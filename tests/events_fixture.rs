@@ -14,11 +14,7 @@ use kvrouter::prefix::{Namespace, TokenizerRegistry};
 use kvrouter::request::{self, ApiKind};
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("kv-events.jsonl").is_file())
-        .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
+    testkit::shared_fixture()
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -185,7 +181,9 @@ pools:
         (24, 0, 40),
         (24, 0, 0),
     ];
-    for (i, (frames, want)) in messages(&dir).iter().zip(expected).enumerate() {
+    let msgs = messages(&dir);
+    assert_eq!(msgs.len(), expected.len(), "one state per captured message");
+    for (i, (frames, want)) in msgs.iter().zip(expected).enumerate() {
         assert!(events.ingest(ep, frames));
         let held = |r: &[u64]| {
             let m = index.lookup(r, &[ep])[0];

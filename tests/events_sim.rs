@@ -83,7 +83,7 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
     let mut endpoints = String::new();
     for i in 0..n {
         let kv = KvEventsConfig {
-            endpoint: "tcp://*:0".into(),
+            endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
         };
         let (replica, app) = start(replica_config(
@@ -119,13 +119,9 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
     fleet
 }
 
-/// Polls `cond` until it holds or the deadline passes.
+/// Polls `cond` until it holds or [`DEADLINE`] passes (the harness's poll).
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::eventually(what, DEADLINE, || std::future::ready(cond().then_some(()))).await
 }
 
 /// The router's block hashes for a token-id completion (what `identify()` gives the request

@@ -11,11 +11,7 @@ use kvrouter::request::{self, ApiKind, Prompt};
 use rmpv::Value;
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("requests.jsonl").is_file())
-        .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
+    testkit::shared_fixture()
 }
 
 struct Stored {

@@ -9,8 +9,9 @@
 //!   built-in presets `quick`, `full`, `smoke`.
 //! - [`vocab`]: prompt text from a tokenizer's vocabulary with exact token counts.
 //! - [`workload`]: one generator per traffic shape, producing a [`workload::Trace`].
-//! - [`procs`]: kvsim / kvrouter / Envoy processes on loopback, killed on drop.
 //! - [`routercfg`]: the kvrouter config of a run (policy by name, merged extra YAML).
+//! - processes (kvsim, kvrouter, Envoy on loopback, killed on drop) come from the workspace's
+//!   one harness, the `testkit` crate.
 //! - [`client`] / [`runner`]: the streaming client and the open-loop load generator.
 //! - [`scrape`]: replica and router metrics while a run goes.
 //! - [`scenario`]: kill, restart, add, fail and stall events during a run.
@@ -29,7 +30,6 @@ pub mod client;
 pub mod oracle;
 pub mod overhead;
 pub mod plan;
-pub mod procs;
 pub mod report;
 pub mod routercfg;
 pub mod runner;
@@ -70,4 +70,13 @@ pub enum BenchError {
     /// Reading or writing output.
     #[error("io: {0}")]
     Io(String),
+}
+
+impl From<testkit::HarnessError> for BenchError {
+    fn from(e: testkit::HarnessError) -> BenchError {
+        match e {
+            testkit::HarnessError::ConfigRejected { message } => BenchError::Config(message),
+            other => BenchError::Process(other.to_string()),
+        }
+    }
 }

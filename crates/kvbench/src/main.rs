@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kvbench::{self, procs::Binaries, Plan, Report, SuiteOptions};
+use kvbench::{self, Plan, Report, SuiteOptions};
+use testkit::Binaries;
 
 /// Benchmark kvrouter's routing policies on simulated replicas.
 #[derive(Debug, Parser)]
@@ -109,7 +110,7 @@ fn run(mut args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let binaries = match Binaries::beside_current_exe(args.envoy.clone()) {
+    let binaries = match Binaries::locate(args.envoy.clone()) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("kvbench: {e}");

@@ -13,12 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use super::client;
 use super::plan::{OverheadSpec, PolicySpec};
-use super::procs::{self, Binaries, EnvoyProc, ReplicaProc, RouterProc};
 use super::routercfg::{self, EndpointInfo, RouterInputs};
 use super::scrape::{self, Histogram};
 use super::stats::Latency;
 use super::BenchError;
-use kvsim::ReplicaConfig;
+use testkit::{Binaries, Envoy, Replica, ReplicaSpec, Router};
 
 /// One path's latencies, real ms.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -64,15 +63,15 @@ pub async fn measure(
     model: &str,
 ) -> Result<OverheadResult, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::Io(e.to_string()))?;
-    let replica = ReplicaProc::start(
+    let replica = Replica::start(
         &bins.kvsim,
         dir,
-        ReplicaConfig {
-            name: "r0".into(),
+        ReplicaSpec {
             models: vec![model.into()],
-            time_scale: spec.time_scale,
-            ..ReplicaConfig::default()
-        },
+            log_filter: Some("warn".into()),
+            ..ReplicaSpec::new("r0")
+        }
+        .flag("time-scale", spec.time_scale),
     )?;
     let body = serde_json::to_vec(&serde_json::json!({
         "model": model, "max_tokens": 1, "stream": true,
@@ -94,7 +93,7 @@ pub async fn measure(
         ..kvrouter::envoyconf::EnvoyOptions::default()
     });
     {
-        let envoy = EnvoyProc::start(&bins.envoy, dir, &alone).await?;
+        let envoy = Envoy::start(&bins.envoy, dir, &alone).await?;
         envoy.wait_for_hosts(&[replica.addr]).await?;
         paths.push(drive("envoy", envoy.addr, spec, &body).await);
     }
@@ -119,9 +118,9 @@ pub async fn measure(
         },
     );
     std::fs::write(&config, yaml).map_err(|e| BenchError::Io(e.to_string()))?;
-    procs::check_config(&bins.kvrouter, &config).map_err(BenchError::Config)?;
-    let router = RouterProc::start(&bins.kvrouter, dir, &config)?;
-    procs::wait_http(&format!("http://{}/readyz", router.admin)).await?;
+    testkit::check_config(&bins.kvrouter, &config)?;
+    let router = Router::start(&bins.kvrouter, dir, &config, "warn")?;
+    router.wait_ready().await?;
     let with = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -129,7 +128,7 @@ pub async fn measure(
         replicas: kvrouter::envoyconf::Replicas::EdsFile(eds),
         ..kvrouter::envoyconf::EnvoyOptions::default()
     });
-    let envoy = EnvoyProc::start(&bins.envoy, dir, &with).await?;
+    let envoy = Envoy::start(&bins.envoy, dir, &with).await?;
     envoy.wait_for_hosts(&[replica.addr]).await?;
     let metrics = format!("http://{}/metrics", router.admin);
     let name = "kvrouter_decision_duration_seconds";
@@ -140,7 +139,8 @@ pub async fn measure(
     let cpu = router.proc.cpu_s() - cpu0;
     paths.push(result);
 
-    let decision = subtract(&after, &before);
+    // The measured phase's decisions (its warm-up included).
+    let decision = after.since(&before);
     let p = |i: usize, f: fn(&Latency) -> Option<f64>| f(&paths[i].latency_ms);
     let diff = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
     Ok(OverheadResult {
@@ -153,26 +153,6 @@ pub async fn measure(
         decision,
         paths,
     })
-}
-
-/// `after - before`, bucket by bucket (the measured phase only; includes the warm-up).
-fn subtract(after: &Histogram, before: &Histogram) -> Histogram {
-    Histogram {
-        buckets: after
-            .buckets
-            .iter()
-            .map(|&(le, c)| {
-                let b = before
-                    .buckets
-                    .iter()
-                    .find(|x| x.0 == le)
-                    .map_or(0.0, |x| x.1);
-                (le, c - b)
-            })
-            .collect(),
-        sum: after.sum - before.sum,
-        count: after.count - before.count,
-    }
 }
 
 /// `spec.concurrency` closed-loop clients send `spec.requests` requests (after a warm-up).

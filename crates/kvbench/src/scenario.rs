@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use super::client::SimClock;
 use super::plan::{Action, EventSpec, ReplicaGroup};
-use super::procs::{ReplicaProc, RouterProc};
 use super::routercfg::EndpointInfo;
 use super::scrape::Targets;
 use super::BenchError;
+use testkit::{Replica, ReplicaSpec, Router};
 
 /// What happened, and when (simulated ms on the run's clock).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,21 +27,21 @@ pub struct EventRecord {
     pub outcome: String,
 }
 
-/// Builds a replica's config from its group and name.
-pub type MakeConfig = Box<dyn Fn(&ReplicaGroup, String) -> kvsim::ReplicaConfig + Send + Sync>;
+/// Builds a replica's kvsim flags from its group and name.
+pub type MakeSpec = Box<dyn Fn(&ReplicaGroup, String) -> ReplicaSpec + Send + Sync>;
 /// Renders kvrouter's config for a replica list.
 pub type RenderRouter = Box<dyn Fn(&[EndpointInfo]) -> String + Send + Sync>;
 
 /// The run's mutable fleet.
 pub struct Fleet {
     /// Every replica started in this run (added ones at the end).
-    pub replicas: Vec<ReplicaProc>,
+    pub replicas: Vec<Replica>,
     /// kvsim binary.
     pub kvsim: PathBuf,
     /// Run directory (logs, fleet files).
     pub dir: PathBuf,
-    /// Builds a replica's config from a group and a name.
-    pub make_config: MakeConfig,
+    /// Builds a replica's kvsim flags from a group and a name.
+    pub make_spec: MakeSpec,
     /// Renders the router config for a replica list.
     pub render_router: RenderRouter,
     /// The first group (default settings of an added replica).
@@ -54,7 +54,7 @@ impl Fleet {
         self.replicas
             .iter()
             .map(|r| EndpointInfo {
-                name: r.name().to_string(),
+                name: r.name.clone(),
                 address: r.addr,
                 kv_events: r.kv_events.clone(),
             })
@@ -66,13 +66,17 @@ impl Fleet {
 pub async fn run_events(
     events: Vec<EventSpec>,
     fleet: Arc<Mutex<Fleet>>,
-    router: Arc<RouterProc>,
+    router: Arc<Router>,
     targets: Targets,
     clock: SimClock,
 ) -> Vec<EventRecord> {
     let mut events = events;
     events.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    let client = reqwest::Client::new();
+    // Admin calls are bounded, so the run's wait for its events is too.
+    let client = reqwest::Client::builder()
+        .timeout(testkit::STARTUP)
+        .build()
+        .unwrap_or_default();
     let mut out = Vec::new();
     for e in events {
         tokio::time::sleep_until(clock.instant(e.at_s * 1000.0).into()).await;
@@ -92,7 +96,7 @@ pub async fn run_events(
                 let (name, addr) = {
                     let f = fleet.lock();
                     match f.replicas.get(e.replica) {
-                        Some(r) => (r.name().to_string(), r.addr),
+                        Some(r) => (r.name.clone(), r.addr),
                         None => (
                             format!("r{}", e.replica),
                             "0.0.0.0:0".parse().expect("addr"),
@@ -137,7 +141,7 @@ pub async fn run_events(
 fn process_event(
     e: &EventSpec,
     fleet: &Mutex<Fleet>,
-    router: &RouterProc,
+    router: &Router,
     targets: &Targets,
 ) -> (String, Result<(), BenchError>) {
     let mut f = fleet.lock();
@@ -145,33 +149,31 @@ fn process_event(
         Action::Kill => match f.replicas.get_mut(e.replica) {
             Some(r) => {
                 r.kill();
-                (r.name().to_string(), Ok(()))
+                (r.name.clone(), Ok(()))
             }
             None => (
                 format!("r{}", e.replica),
                 Err(BenchError::Process("no such replica".into())),
             ),
         },
-        Action::Restart => {
-            let (kvsim, dir) = (f.kvsim.clone(), f.dir.clone());
-            match f.replicas.get_mut(e.replica) {
-                Some(r) => (r.name().to_string(), r.restart(&kvsim, &dir)),
-                None => (
-                    format!("r{}", e.replica),
-                    Err(BenchError::Process("no such replica".into())),
-                ),
-            }
-        }
+        Action::Restart => match f.replicas.get_mut(e.replica) {
+            Some(r) => (r.name.clone(), r.restart().map_err(BenchError::from)),
+            None => (
+                format!("r{}", e.replica),
+                Err(BenchError::Process("no such replica".into())),
+            ),
+        },
         Action::Add => {
             let name = format!("r{}", f.replicas.len());
             let group = e.group.clone().unwrap_or_else(|| f.default_group.clone());
-            let config = (f.make_config)(&group, name.clone());
-            let result = ReplicaProc::start(&f.kvsim, &f.dir, config).and_then(|r| {
-                targets.write().push((r.name().to_string(), r.addr));
+            let spec = (f.make_spec)(&group, name.clone());
+            let result = Replica::start(&f.kvsim, &f.dir, spec).and_then(|r| {
+                targets.write().push((r.name.clone(), r.addr));
                 f.replicas.push(r);
                 let yaml = (f.render_router)(&f.endpoints());
                 router.rewrite_config(&yaml)
             });
+            let result = result.map_err(BenchError::from);
             (name, result)
         }
         Action::Fail | Action::Stall => (String::new(), Ok(())),

@@ -15,7 +15,6 @@ use tokio::sync::watch;
 use super::client::{RequestRecord, SimClock};
 use super::oracle::{self, CrossTenant, EngineView, LowerBound};
 use super::plan::{Plan, PolicySpec, ReplicaGroup, WorkloadSpec};
-use super::procs::{self, Binaries, EnvoyProc, ReplicaProc, RouterProc};
 use super::report::Report;
 use super::routercfg::{self, EndpointInfo, RouterInputs};
 use super::runner::{self, RunOptions};
@@ -26,7 +25,8 @@ use super::vocab::{self, Vocab};
 use super::workload::{self, Trace};
 use super::BenchError;
 use kvsim::profile::StepProfile;
-use kvsim::{KvEventsConfig, PromptTokenizer, ReplicaConfig, TokenizerPaths, WordPieceTokenizer};
+use kvsim::{PromptTokenizer, TokenizerPaths, WordPieceTokenizer};
+use testkit::{Binaries, Envoy, Replica, ReplicaSpec, Router};
 
 /// How to run a plan.
 #[derive(Debug, Clone)]
@@ -213,31 +213,38 @@ fn fastest(fleet: &[ReplicaGroup]) -> (StepProfile, u32) {
         })
 }
 
-fn replica_config(
+/// The kvsim flags of one replica of `group` (its tokenizer: a directory as in
+/// [`replica_tokenizer_paths`]).
+fn replica_spec(
     plan: &Plan,
     tokenizer: Option<&Path>,
     time_scale: f64,
     group: &ReplicaGroup,
     name: String,
     kv_events: bool,
-) -> ReplicaConfig {
-    ReplicaConfig {
-        name,
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+) -> ReplicaSpec {
+    let mut spec = ReplicaSpec {
         models: vec![plan.model.clone()],
-        profile: group.profile.clone(),
-        block_size: group.block_size,
-        num_gpu_blocks: group.num_gpu_blocks,
-        max_num_seqs: group.max_num_seqs,
-        max_num_batched_tokens: group.max_num_batched_tokens,
-        time_scale,
-        kv_events: kv_events.then(|| KvEventsConfig {
-            endpoint: "tcp://*:0".into(),
-            topic: String::new(),
-        }),
-        tokenizer: tokenizer.map(replica_tokenizer_paths),
-        ..ReplicaConfig::default()
+        kv_events,
+        log_filter: Some("warn".into()),
+        ..ReplicaSpec::new(name)
     }
+    .flag("profile", &group.profile)
+    .flag("block-size", group.block_size)
+    .flag("time-scale", time_scale);
+    for (flag, value) in [
+        ("num-gpu-blocks", group.num_gpu_blocks),
+        ("max-num-seqs", group.max_num_seqs),
+        ("max-num-batched-tokens", group.max_num_batched_tokens),
+    ] {
+        if let Some(v) = value {
+            spec = spec.flag(flag, v);
+        }
+    }
+    if let Some(dir) = tokenizer {
+        spec = spec.flag("tokenizer", dir.display());
+    }
+    spec
 }
 
 fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult {
@@ -345,23 +352,23 @@ async fn run_stack(
     let config_path = dir.join("kvrouter.yaml");
     std::fs::write(&config_path, render_router(&probe))
         .map_err(|e| BenchError::Io(e.to_string()))?;
-    procs::check_config(&bins.kvrouter, &config_path).map_err(BenchError::Config)?;
+    testkit::check_config(&bins.kvrouter, &config_path)?;
 
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
     let scale = plan.time_scale_of(w);
     let replica_tok = plan.replica_tokenizer.then(|| tok_dir.to_path_buf());
-    let make_config = move |g: &ReplicaGroup, name: String| {
-        replica_config(&plan_c, replica_tok.as_deref(), scale, g, name, kv_events)
+    let make_spec = move |g: &ReplicaGroup, name: String| {
+        replica_spec(&plan_c, replica_tok.as_deref(), scale, g, name, kv_events)
     };
     let mut replicas = Vec::new();
     let mut i = 0;
     for g in plan.fleet_of(w) {
         for _ in 0..g.count {
-            replicas.push(ReplicaProc::start(
+            replicas.push(Replica::start(
                 &bins.kvsim,
                 dir,
-                make_config(g, format!("r{i}")),
+                make_spec(g, format!("r{i}")),
             )?);
             i += 1;
         }
@@ -369,15 +376,15 @@ async fn run_stack(
     let fleet = Fleet {
         kvsim: bins.kvsim.clone(),
         dir: dir.to_path_buf(),
-        make_config: Box::new(make_config),
+        make_spec: Box::new(make_spec),
         render_router: Box::new(render_router),
         default_group: plan.fleet_of(w).first().cloned().unwrap_or_default(),
         replicas,
     };
     std::fs::write(&config_path, (fleet.render_router)(&fleet.endpoints()))
         .map_err(|e| BenchError::Io(e.to_string()))?;
-    let router = Arc::new(RouterProc::start(&bins.kvrouter, dir, &config_path)?);
-    procs::wait_http(&format!("http://{}/readyz", router.admin)).await?;
+    let router = Arc::new(Router::start(&bins.kvrouter, dir, &config_path, "warn")?);
+    router.wait_ready().await?;
     let envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -385,14 +392,14 @@ async fn run_stack(
         replicas: kvrouter::envoyconf::Replicas::EdsFile(dir.join("eds.json")),
         ..kvrouter::envoyconf::EnvoyOptions::default()
     });
-    let envoy = EnvoyProc::start(&bins.envoy, dir, &envoy_yaml).await?;
+    let envoy = Envoy::start(&bins.envoy, dir, &envoy_yaml).await?;
     let addrs: Vec<SocketAddr> = fleet.replicas.iter().map(|r| r.addr).collect();
     envoy.wait_for_hosts(&addrs).await?;
     let targets: scrape::Targets = Arc::new(RwLock::new(
         fleet
             .replicas
             .iter()
-            .map(|r| (r.name().to_string(), r.addr))
+            .map(|r| (r.name.clone(), r.addr))
             .collect(),
     ));
     let fleet = Arc::new(Mutex::new(fleet));
@@ -400,8 +407,8 @@ async fn run_stack(
     // The load phase.
     let cpu_at = |fleet: &Fleet| {
         (
-            procs::own_cpu_s(),
-            fleet.replicas.iter().map(ReplicaProc::cpu_s).sum::<f64>(),
+            testkit::own_cpu_s(),
+            fleet.replicas.iter().map(Replica::cpu_s).sum::<f64>(),
             router.proc.cpu_s(),
             envoy.proc.cpu_s(),
         )
@@ -434,15 +441,17 @@ async fn run_stack(
         label: format!("{}/{}", w.name, p.label()),
     };
     let records = runner::run(Arc::clone(trace), clock, &options).await;
+    // The load phase ends when the trace is done AND every scenario event has been executed.
+    // On a busy machine the trace can be done before a late event finishes (a restart waits
+    // for the new process to come up); aborting the event task then lost its records, those
+    // of the events already done included. Each event is bounded (process start-up and admin
+    // calls have deadlines), so this wait is too.
+    let events = events
+        .await
+        .map_err(|e| BenchError::Process(format!("scenario events: {e}")))?;
     let wall_s = clock.t0.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     let samples = scraper.await.unwrap_or_default();
-    let events = if events.is_finished() {
-        events.await.unwrap_or_default()
-    } else {
-        events.abort();
-        Vec::new()
-    };
     let after = cpu_at(&fleet.lock());
     let decision = scrape::fetch_histogram(
         &format!("http://{}/metrics", router.admin),

@@ -4,29 +4,14 @@
 //! with and without `cache_salt`, and the report files.
 //! Seconds, not a benchmark: nothing here asserts a latency.
 
-use testkit as common;
-
 use std::path::PathBuf;
 
 use kvbench::plan::{PolicySpec, Shape};
-use kvbench::procs::Binaries;
 use kvbench::{run_plan, Plan, SuiteOptions};
-
-fn fixture_tokenizer() -> PathBuf {
-    common::repo()
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("tokenizer.json").is_file())
-        .expect("shared fixture tokenizer beside the repository")
-}
 
 fn options(out: PathBuf) -> SuiteOptions {
     SuiteOptions {
-        binaries: Binaries {
-            kvsim: common::kvsim_bin(),
-            kvrouter: common::kvrouter_bin(),
-            envoy: common::envoy_bin(),
-        },
+        binaries: testkit::binaries(),
         tokenizers_dir: PathBuf::from("/nonexistent"),
         out_dir: out,
         progress: false,
@@ -38,7 +23,7 @@ fn options(out: PathBuf) -> SuiteOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_plan_runs_every_policy_and_reports() {
     let mut plan = Plan::load("smoke").unwrap();
-    plan.tokenizer = fixture_tokenizer().display().to_string();
+    plan.tokenizer = testkit::shared_fixture().display().to_string();
     plan.policies.push(PolicySpec {
         policy: "no-such-policy".into(),
         ..PolicySpec::default()
@@ -72,6 +57,19 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         .unwrap();
     report.finish(out.path()).unwrap();
 
+    // One run per workload and policy label, each at the workload's one rate: 5 workloads
+    // (the preset's 4 and the unsalted control) x 4 policies (the preset's 2, the unknown one,
+    // predicted-ttft on events).
+    assert_eq!(report.runs.len(), 5 * 4, "{} runs", report.runs.len());
+    let run_of = |w: &str, label: &str| {
+        let runs: Vec<_> = report
+            .runs
+            .iter()
+            .filter(|r| r.workload == w && r.label == label)
+            .collect();
+        assert_eq!(runs.len(), 1, "{w}/{label}: {} runs", runs.len());
+        runs[0]
+    };
     for w in [
         "shared-prefix",
         "multi-tenant",
@@ -79,15 +77,12 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         "multi-turn",
     ] {
         for label in ["round-robin", "least-loaded", "predicted-ttft+events"] {
-            let run = report
-                .runs
-                .iter()
-                .find(|r| r.workload == w && r.label == label)
-                .unwrap_or_else(|| panic!("{w}/{label} missing"));
+            let run = run_of(w, label);
             assert!(run.failed.is_none(), "{w}/{label}: {:?}", run.failed);
             let s = run.stats.as_ref().unwrap();
             assert_eq!(s.requests, run.records.len());
             assert_eq!(s.errors, 0, "{w}/{label}: {:?}", s.error_kinds);
+            assert!(!run.records.is_empty(), "{w}/{label}: no requests");
             assert!(run
                 .records
                 .iter()
@@ -102,39 +97,25 @@ async fn smoke_plan_runs_every_policy_and_reports() {
                 "router decisions counted"
             );
         }
-        let unknown = report
-            .runs
-            .iter()
-            .find(|r| r.workload == w && r.label == "no-such-policy")
-            .unwrap();
+        let unknown = run_of(w, "no-such-policy");
         let why = unknown.failed.as_deref().unwrap_or("");
         assert!(why.contains("kvrouter rejected the config"), "{why}");
     }
     // The events run really ran the shared prefixes: their blocks were found cached.
-    let events_hits = report
-        .runs
-        .iter()
-        .find(|r| r.workload == "shared-prefix" && r.label == "predicted-ttft+events")
-        .and_then(|r| r.stats.as_ref())
+    let events_hits = run_of("shared-prefix", "predicted-ttft+events")
+        .stats
+        .as_ref()
         .and_then(|s| s.kv_hit_rate)
         .unwrap();
     assert!(events_hits > 0.3, "hit rate {events_hits}");
 
     // Later turns resend the conversation: they find its earlier blocks cached.
-    let turns = report
-        .runs
-        .iter()
-        .find(|r| r.workload == "multi-turn" && r.label == "least-loaded")
-        .unwrap();
+    let turns = run_of("multi-turn", "least-loaded");
     assert_eq!(turns.records.len(), 9);
     assert!(turns.stats.as_ref().unwrap().kv_hit_rate.unwrap() > 0.3);
 
     // Kill and restart: both done, every request accounted for, the disturbance computed.
-    let killed = report
-        .runs
-        .iter()
-        .find(|r| r.workload == "kill-restart" && r.label == "least-loaded")
-        .unwrap();
+    let killed = run_of("kill-restart", "least-loaded");
     assert!(killed.failed.is_none(), "{:?}", killed.failed);
     let outcomes: Vec<&str> = killed.events.iter().map(|e| e.outcome.as_str()).collect();
     assert_eq!(outcomes, ["ok", "ok"], "{:?}", killed.events);
@@ -151,20 +132,19 @@ async fn smoke_plan_runs_every_policy_and_reports() {
 
     // Identical traces: the same prompts reached the replicas under both policies.
     let tokens = |label: &str| -> Vec<Option<u64>> {
-        let run = report
-            .runs
-            .iter()
-            .find(|r| r.workload == "shared-prefix" && r.label == label)
-            .unwrap();
+        let run = run_of("shared-prefix", label);
         run.records.iter().map(|r| r.prompt_tokens).collect()
     };
     assert_eq!(tokens("round-robin"), tokens("least-loaded"));
 
     let hits = |w: &str| -> usize {
-        report
+        let ran: Vec<_> = report
             .runs
             .iter()
             .filter(|r| r.workload == w && r.failed.is_none())
+            .collect();
+        assert_eq!(ran.len(), 3, "{w}: every known policy ran");
+        ran.iter()
             .map(|r| r.cross_tenant.as_ref().expect("tenant check ran").requests)
             .sum()
     };

@@ -1,0 +1,165 @@
+//! The whole path in one value for end-to-end tests: replicas, kvrouter (which writes the EDS
+//! file) and Envoy, wired together in a temporary directory. Panics on failure, as tests want.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kvrouter::envoyconf::{self, BodyMode, ClusterStyle};
+
+use crate::{
+    envoy_options, eventually, post, router_config, start_envoy, start_replica, start_router,
+    Envoy, Replica, ReplicaSpec, Reply, Router,
+};
+
+/// Replicas + kvrouter + Envoy, wired together in a temporary directory (logs included).
+pub struct Stack {
+    /// The directory: configs, EDS file, one log per process.
+    pub dir: tempfile::TempDir,
+    /// The replicas, `r0`, `r1`, ...
+    pub replicas: Vec<Replica>,
+    /// kvrouter.
+    pub router: Router,
+    /// Envoy.
+    pub envoy: Envoy,
+    /// A client for the test's requests.
+    pub client: reqwest::Client,
+}
+
+/// How to build a [`Stack`].
+pub struct StackOptions<'a> {
+    /// How many replicas. Default 3.
+    pub replicas: usize,
+    /// Extra router YAML (top-level sections other than `pools`, `server`, `envoy`).
+    pub router_extra: &'a str,
+    /// How Envoy routes to the pick. Default `OverrideHost`.
+    pub cluster: ClusterStyle,
+    /// How Envoy sends bodies to kvrouter. Default `Buffered`.
+    pub body_mode: BodyMode,
+    /// Include Envoy's response observer filter. Default true.
+    pub observe: bool,
+    /// Extra kvsim flags for every replica (`["--time-scale", "100"]`).
+    pub replica_flags: &'a [&'a str],
+    /// Replicas publish KV events and kvrouter subscribes to each. Default false.
+    pub kv_events: bool,
+}
+
+impl Default for StackOptions<'_> {
+    fn default() -> Self {
+        StackOptions {
+            replicas: 3,
+            router_extra: "",
+            cluster: ClusterStyle::OverrideHost,
+            body_mode: BodyMode::Buffered,
+            observe: true,
+            replica_flags: &[],
+            kv_events: false,
+        }
+    }
+}
+
+impl Stack {
+    /// Starts the replicas, then kvrouter (which writes the EDS file), then Envoy, and waits
+    /// until Envoy knows every replica.
+    pub async fn start(o: StackOptions<'_>) -> Stack {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let replicas: Vec<Replica> = (0..o.replicas)
+            .map(|i| {
+                let mut spec = ReplicaSpec::new(format!("r{i}"));
+                spec.flags = o.replica_flags.iter().map(|f| f.to_string()).collect();
+                spec.kv_events = o.kv_events;
+                start_replica(dir.path(), spec)
+            })
+            .collect();
+        let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+        let router = start_router(
+            dir.path(),
+            &router_config(dir.path(), &replicas, o.router_extra),
+        );
+        let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
+        let options = envoyconf::EnvoyOptions {
+            observe: o.observe,
+            ..envoy_options(&router, dir.path(), o.cluster, o.body_mode, static_replicas)
+        };
+        let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
+        envoy.wait_for_hosts(&addrs).await.unwrap();
+        Stack {
+            dir,
+            replicas,
+            router,
+            envoy,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// POSTs through Envoy.
+    pub async fn post(&self, path: &str, body: String) -> Reply {
+        post(&self.client, self.envoy.addr, path, body).await
+    }
+
+    /// kvrouter's live explanation for the request `body` (`/debug/explain`; routes nothing).
+    pub async fn explain(&self, body: &str) -> serde_json::Value {
+        self.client
+            .post(format!("http://{}/debug/explain", self.router.admin))
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("explain")
+            .json()
+            .await
+            .expect("explain json")
+    }
+
+    /// The replica name served at `addr`.
+    pub fn name_of(&self, addr: &str) -> Option<&str> {
+        self.replicas
+            .iter()
+            .find(|r| r.addr.to_string() == addr)
+            .map(|r| r.name.as_str())
+    }
+
+    /// The router's endpoint table (`/debug/endpoints`).
+    pub async fn endpoint_table(&self) -> serde_json::Value {
+        self.client
+            .get(format!("http://{}/debug/endpoints", self.router.admin))
+            .send()
+            .await
+            .expect("debug endpoints")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// Replaces the router's config with `yaml` (hot reload) and waits until the router has
+    /// published a new endpoint set.
+    pub async fn reload(&self, yaml: &str) {
+        let before = self.endpoint_table().await["version"]
+            .as_u64()
+            .expect("version");
+        self.router.rewrite_config(yaml).unwrap();
+        eventually(
+            "router to reload its config",
+            Duration::from_secs(10),
+            || async {
+                let v = self.endpoint_table().await;
+                (v["version"].as_u64() > Some(before)).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// [`Stack::reload`] with [`router_config`] for `replicas` and `extra`.
+    pub async fn reconfigure(&self, replicas: &[SocketAddr], extra: &str) {
+        self.reload(&router_config(self.dir.path(), replicas, extra))
+            .await;
+    }
+}
+
+/// The row of candidate `addr` in an explanation.
+pub fn candidate_row(explain: &serde_json::Value, addr: SocketAddr) -> &serde_json::Value {
+    explain["candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .find(|c| c["endpoint"] == addr.to_string())
+        .unwrap_or_else(|| panic!("no row for {addr}: {explain}"))
+}
