@@ -16,8 +16,9 @@ TOKENIZERS := .cache/tokenizers
 run: release envoy tokenizers
 	./scripts/run-stack.sh
 
-## Every test, after formatting and lint checks.
-test: envoy tokenizers
+## Every test, after formatting and lint checks; also renders and validates deploy/ and builds and
+## runs the container images (deploy-check, image-check below).
+test: envoy tokenizers deploy-check image-check
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) KVROUTER_TOKENIZERS_DIR=$(abspath $(TOKENIZERS)) \
@@ -62,3 +63,35 @@ bench: release envoy tokenizers
 bench-full: release envoy tokenizers
 	target/release/kvbench run --plan full --out bench-out/full \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+.PHONY: deploy-check image-check kubectl container-tools
+
+KUBECTL ?= kubectl
+DEPLOY_CHECK_DEPS := $(VENV)/.deploy-check-deps
+
+## deploy/ (Kustomize): shows the checker rejects each broken case in scripts/deploy_check_cases,
+## then renders every overlay and example and validates each object offline (Kubernetes schemas,
+## the InferencePool and HTTPRoute CRDs in deploy/crds, cross-object references).
+deploy-check: kubectl $(DEPLOY_CHECK_DEPS)
+	$(VENV)/bin/python scripts/deploy_check.py --kubectl $(KUBECTL) --self-test scripts/deploy_check_cases
+	$(VENV)/bin/python scripts/deploy_check.py --kubectl $(KUBECTL)
+
+$(DEPLOY_CHECK_DEPS): scripts/deploy-check-requirements.txt | $(ENVOY)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r scripts/deploy-check-requirements.txt
+	@touch $@
+
+## kubectl with its built-in kustomize: Debian's kubernetes-client when none is installed.
+kubectl:
+	@command -v $(KUBECTL) >/dev/null || { echo "installing kubernetes-client (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; }
+
+## Container images (deploy/Dockerfile): built with podman and run as a cluster would run them
+## (scripts/image-check.sh; the first run makes the base images from Debian packages).
+image-check: envoy tokenizers container-tools
+	ENVOY=$(abspath $(ENVOY)) TOKENIZERS=$(abspath $(TOKENIZERS)) ./scripts/image-check.sh
+
+## podman (with runc) and debootstrap from Debian, when missing.
+container-tools:
+	@missing=; for tool in podman runc debootstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then echo "installing$$missing (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; fi
