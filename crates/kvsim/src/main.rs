@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kvsim::config::TokenizerPaths;
-use kvsim::{hf_tokenizer_loader, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
+use kvsim::{Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
 
 /// Simulated vLLM-compatible model replicas.
 #[derive(Debug, Parser)]
@@ -100,7 +100,7 @@ impl Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    kvrouter::telemetry::init_logging(kvrouter::config::LogFormat::Text);
+    kvsim::logging::init_logging();
     let fleet = match args.fleet() {
         Ok(f) => f,
         Err(e) => {
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let fleet = match Fleet::start(fleet, &hf_tokenizer_loader()).await {
+        let fleet = match Fleet::start(fleet).await {
             Ok(f) => f,
             Err((name, e)) => {
                 eprintln!("kvsim: replica {name}: {e}");
