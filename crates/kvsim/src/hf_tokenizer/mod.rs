@@ -3,13 +3,16 @@
 //! from the router's tokenizer on purpose: the tests compare both with a real vLLM capture, so
 //! a tokenization bug in either shows up instead of being shared.
 //!
-//! - Chat: the conversation is rendered ([`template`]) and the text encoded with
+//! - Chat: the conversation is rendered ([`ChatTemplate`]) and the text encoded with
 //!   `add_special_tokens` false (vLLM's default for chat: the template writes BOS itself).
 //! - Completions: the text is encoded with `add_special_tokens` true by default, so the
 //!   tokenizer's post-processor adds BOS where the model's files say. As transformers v5 does,
 //!   a `tokenizer_config.json` that sets `add_bos_token` / `add_eos_token` (or a tokenizer
 //!   without a post-processor) gets a post-processor built from those flags.
 //! - Token-id prompts are used as given, after a vocabulary check (vLLM refuses ids out of it).
+//! - Text encoded without special tokens (every chat) goes piece by piece, cut at added tokens,
+//!   long pieces from a cache (a shared system prompt is encoded once), when a check at load
+//!   shows the pieces tokenize like the whole for this tokenizer; otherwise whole.
 //! - Media: each item becomes [`MM_PLACEHOLDER_TOKENS`] placeholder tokens (the unknown token's
 //!   id) where the template put it, keyed by the item's hash; the text on each side is encoded
 //!   on its own, as around a real model's special placeholder token.
@@ -17,6 +20,7 @@
 mod config;
 mod content_format;
 mod python;
+mod segments;
 mod template;
 
 use std::path::{Path, PathBuf};
@@ -24,12 +28,14 @@ use std::path::{Path, PathBuf};
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::Tokenizer;
 
+use segments::Segmenter;
+
 pub use config::TokenizerConfig;
 pub use content_format::ContentFormat;
 pub use template::{ChatTemplate, Rendered};
 
 use super::config::TokenizerPaths;
-use super::request::{ChatMessage, Media, PromptRef, RenderOptions};
+use super::request::{ChatMessage, ContentPart, Media, PromptRef, RenderOptions};
 use super::tokenize::{
     MmSpan, PromptTokenizer, PromptTokens, TokenizeError, FILLER_WORDS, MM_PLACEHOLDER_TOKENS,
 };
@@ -64,6 +70,8 @@ const MEDIA_CLOSE: char = '\u{F8F1}';
 pub struct HfTokenizer {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// Piece-by-piece encoding with a cache, when verified for this tokenizer.
+    segments: Option<Segmenter>,
     /// Ids below this exist (added tokens included).
     vocab_size: usize,
     /// Id of a media placeholder token.
@@ -141,13 +149,25 @@ impl HfTokenizer {
                 .and_then(|e| e.get_ids().first().copied())
                 .unwrap_or(0);
         }
+        let segments = Segmenter::new(&tokenizer).filter(|s| {
+            let mut probes = s.raw_probes();
+            probes.extend(template.as_ref().and_then(probe_chat));
+            s.verified(&tokenizer, &probes)
+        });
         Ok(HfTokenizer {
             vocab_size: tokenizer.get_vocab_size(true),
             tokenizer,
             template,
+            segments,
             placeholder_id,
             filler_ids,
         })
+    }
+
+    /// Pieces and token ids in the segment cache; `None` when this tokenizer encodes whole
+    /// (its pieces did not tokenize like the whole at load).
+    pub fn segment_cache(&self) -> Option<(usize, usize)> {
+        self.segments.as_ref().map(Segmenter::cached)
     }
 
     /// The chat template, when the model has one.
@@ -155,11 +175,17 @@ impl HfTokenizer {
         self.template.as_ref()
     }
 
+    /// The ids of `text`; without special tokens, piece by piece through the cache when the
+    /// tokenizer allows (the post-processor that adds special tokens applies to the whole).
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        self.tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizeError::Rejected(format!("the tokenizer failed: {e}")))
+        let ids = match &self.segments {
+            Some(segments) if !add_special_tokens => segments.encode(&self.tokenizer, text),
+            _ => self
+                .tokenizer
+                .encode_fast(text, add_special_tokens)
+                .map(|e| e.get_ids().to_vec()),
+        };
+        ids.map_err(|e| TokenizeError::Rejected(format!("the tokenizer failed: {e}")))
     }
 
     fn chat(
@@ -265,6 +291,34 @@ impl PromptTokenizer for HfTokenizer {
     fn output_token(&self, index: u32) -> u32 {
         self.filler_ids[index as usize % self.filler_ids.len()]
     }
+}
+
+/// A conversation rendered by `template` with whitespace, digits and non-ASCII text at message
+/// edges, for the segment check; `None` if the template refuses it.
+fn probe_chat(template: &ChatTemplate) -> Option<String> {
+    let message = |role: &str, text: &str| ChatMessage {
+        role: role.into(),
+        content: vec![ContentPart::Text(text.into())],
+        name: None,
+        tool_call_id: None,
+        tool_calls: None,
+        reasoning: None,
+    };
+    let conversation = [
+        message("system", "\n Be brief;  cite sources [2].\t"),
+        message("user", "  Où est le colis n° 12345? 東京 😀 \n\n"),
+        message("assistant", "It left   at 09:30.\n"),
+        message("user", " Thanks!!  "),
+    ];
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        add_special_tokens: false,
+        chat_template_kwargs: serde_json::Map::new(),
+    };
+    template
+        .render(&conversation, &options, |k| k.to_string())
+        .ok()
+        .map(|r| r.text)
 }
 
 /// transformers v5: when `tokenizer_config.json` sets `add_bos_token` or `add_eos_token` (or

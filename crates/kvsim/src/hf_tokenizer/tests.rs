@@ -179,3 +179,59 @@ fn filler_words_have_distinct_ids() {
     ids.dedup();
     assert_eq!(ids.len(), 8);
 }
+
+#[test]
+fn the_segment_cache_gives_the_ids_of_the_whole_text() {
+    let t = smollm2();
+    assert!(
+        t.segment_cache().is_some(),
+        "SmolLM2's pieces tokenize like the whole"
+    );
+    let system = "You are a careful assistant for a logistics company. ".repeat(40);
+    let req = chat(json!({"messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Where is order 1?"},
+    ]}));
+    let template = t.chat_template().unwrap();
+    let rendered = template.render(
+        match &req.prompt {
+            crate::request::Prompt::Chat(m) => m,
+            _ => unreachable!(),
+        },
+        &req.render,
+        |k| k.to_string(),
+    );
+    let whole: Vec<u32> = t
+        .tokenizer
+        .encode_fast(rendered.unwrap().text.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let first = t.request_tokens(&req).unwrap().ids;
+    let (pieces, tokens) = t.segment_cache().unwrap();
+    assert!(pieces >= 1 && tokens > 300, "the system prompt was cached");
+    assert_eq!(first, whole);
+    assert_eq!(t.request_tokens(&req).unwrap().ids, whole, "from the cache");
+}
+
+proptest::proptest! {
+    /// Any mix of added tokens, whitespace, digits and non-ASCII text encodes piece by piece
+    /// exactly as whole (pieces long enough to be cached included).
+    #[test]
+    fn pieces_encode_like_the_whole(parts in proptest::collection::vec(
+        proptest::sample::select(vec![
+            "<|im_start|>", "<|im_end|>", "<|endoftext|>", " ", "  ", "\n", "\n\n", "\t",
+            "user", "Hello", " world", "42", "7.5", "é", "東京", "😀", ",", "!?",
+        ]),
+        0..60,
+    ), long in 0usize..3) {
+        let t = smollm2();
+        let mut text: String = parts.concat();
+        // Long pieces take the cached path.
+        text.push_str(&" filler text".repeat(long * 60));
+        text.push_str("<|im_end|>");
+        let whole = t.tokenizer.encode_fast(text.as_str(), false).unwrap().get_ids().to_vec();
+        proptest::prop_assert_eq!(t.encode(&text, false).unwrap(), whole.clone());
+        proptest::prop_assert_eq!(t.encode(&text, false).unwrap(), whole);
+    }
+}
