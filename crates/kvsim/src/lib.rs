@@ -9,8 +9,10 @@
 //!
 //! # Layout
 //!
-//! Dependencies point one way, from the top of this list down: the HTTP layer over the replica
-//! state, the replica over the engine, the engine over the pool and hashes.
+//! Dependencies point one way: the binary and fleets over the HTTP layer, the HTTP layer (and
+//! its handlers) over the replica state, the replica over the engine and the tokenizers, the
+//! engine over the block pool and hashes. Nothing below calls back up: the replica owns its
+//! fault state and knows no route; the handlers only read and command it.
 //!
 //! - `main.rs` (the `kvsim` binary), [`logging`]: flags or a fleet file, log setup.
 //! - [`fleet`], [`config`]: several replicas in one process from a YAML file (each on its own
@@ -84,8 +86,7 @@
 //!   a template and JSON objects inside messages (`tool_calls`) iterate and `tojson` in sorted
 //!   key order (Python keeps insertion order); booleans print as `true`/`false` (Python:
 //!   `True`); `strftime_now` is UTC.
-//! - Requests: `n`, `best_of`, sampling parameters, `suffix`, `echo` and `prompt_embeds` are
-//!   ignored; `stream_options.continuous_usage_stats` is not honoured; a stream ends with a
+//! - Requests: sampling parameters, `suffix`, `echo` and `prompt_embeds` are ignored; `stream_options.continuous_usage_stats` is not honoured; a stream ends with a
 //!   usage chunk unless `include_usage` is false (vLLM: only when true).
 //! - Generated text is filler; every request generates exactly its length (no EOS, no stop
 //!   strings); `n`, `best_of`, logprobs, beam search and `prompt_logprobs` are ignored. A
