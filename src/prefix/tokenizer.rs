@@ -213,7 +213,7 @@ impl ModelTokenizer {
 
     /// Tokenizes `text`, through the segment cache when `segmented` (only without special tokens:
     /// a post-processor applies to the whole).
-    pub fn tokenize(
+    pub(crate) fn tokenize(
         &self,
         text: &str,
         add_special_tokens: bool,

@@ -119,7 +119,7 @@ pub fn engine_tokenizer(
     match replica_tokenizer {
         Some(dir) => {
             let t = kvsim::hf_tokenizer::HfTokenizer::load(&replica_tokenizer_paths(dir))
-                .map_err(BenchError::Config)?;
+                .map_err(|e| BenchError::Config(e.to_string()))?;
             Ok(Arc::new(t))
         }
         None => Ok(Arc::new(WordPieceTokenizer::default())),

@@ -142,10 +142,10 @@ pub fn engine_ids(
 ) -> Result<Vec<u32>, BenchError> {
     let body =
         serde_json::to_vec(&req.body(model)).map_err(|e| BenchError::Trace(e.to_string()))?;
-    let parsed = kvrouter::request::parse(kvrouter::request::ApiKind::ChatCompletions, &body)
+    let parsed = kvsim::request::parse(kvsim::request::ApiKind::ChatCompletions, &body)
         .map_err(|e| BenchError::Trace(e.to_string()))?;
     engine
-        .tokens(&parsed)
+        .request_tokens(&parsed)
         .map(|t| t.ids)
         .map_err(|e| BenchError::Trace(e.to_string()))
 }
