@@ -121,6 +121,7 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
         cfg.kv_events = Some(KvEventsConfig {
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
+            bind: true,
         });
         let (replica, app) = sim_support::start(cfg).await;
         endpoints.push_str(&format!(

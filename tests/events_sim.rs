@@ -85,6 +85,7 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
         let kv = KvEventsConfig {
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
+            bind: true,
         };
         let (replica, app) = start(replica_config(
             &format!("r{i}"),
@@ -382,6 +383,7 @@ pools:
         let kv = KvEventsConfig {
             endpoint: endpoint.clone(),
             topic: format!("kv@{address}@m"),
+            bind: false,
         };
         let (replica, app) = start(replica_config(&format!("r{i}"), 16, None, kv)).await;
         sims.push(Sim {

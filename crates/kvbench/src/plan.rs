@@ -135,7 +135,7 @@ pub struct PolicySpec {
     /// YAML merged into every generated endpoint. Strings may use `{name}`, `{address}` and
     /// `{kv_events}` (the replica's ZMQ endpoint, when it publishes).
     pub endpoint_yaml: Option<serde_norway::Value>,
-    /// Replicas publish KV events (ZMQ, `tcp://*:0`). Default false.
+    /// Replicas publish KV events (ZMQ, loopback, an ephemeral port). Default false.
     pub kv_events: bool,
 }
 

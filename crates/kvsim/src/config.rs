@@ -82,6 +82,9 @@ pub struct KvEventsConfig {
     pub endpoint: String,
     /// Topic frame of every message. Default empty (vLLM's default).
     pub topic: String,
+    /// Bind `endpoint` even though its host is not a wildcard (e.g. `tcp://127.0.0.1:0`, so a
+    /// test's publisher listens on loopback only). vLLM has no such switch. Default false.
+    pub bind: bool,
 }
 
 impl Default for KvEventsConfig {
@@ -89,6 +92,7 @@ impl Default for KvEventsConfig {
         Self {
             endpoint: "tcp://*:5557".into(),
             topic: String::new(),
+            bind: false,
         }
     }
 }
@@ -358,7 +362,7 @@ impl ReplicaConfig {
             }
         }
         if let Some(kv) = &self.kv_events {
-            if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint) {
+            if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint, kv.bind) {
                 push("kv_events.endpoint", message);
             }
         }

@@ -63,6 +63,10 @@ struct Args {
     /// Topic frame of KV-event messages.
     #[arg(long, default_value = "")]
     kv_topic: String,
+    /// Bind the `--kv-events` endpoint even when its host is not a wildcard (e.g.
+    /// `tcp://127.0.0.1:0`: a publisher that listens on loopback only).
+    #[arg(long)]
+    kv_events_bind: bool,
     /// A Hugging Face tokenizer: a `tokenizer.json`, or a directory holding it and (optionally)
     /// `tokenizer_config.json` with the chat template. Default: the word-piece fallback.
     #[arg(long)]
@@ -90,6 +94,7 @@ impl Args {
                 kv_events: self.kv_events.as_ref().map(|endpoint| KvEventsConfig {
                     endpoint: endpoint.clone(),
                     topic: self.kv_topic.clone(),
+                    bind: self.kv_events_bind,
                 }),
                 tokenizer: self.tokenizer.as_deref().map(TokenizerPaths::from_path),
                 ..ReplicaConfig::default()

@@ -87,7 +87,7 @@ impl Replica {
             None => Arc::new(WordPieceTokenizer::default()),
         };
         let publisher = match &config.kv_events {
-            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic).await?),
+            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic, kv.bind).await?),
             None => None,
         };
         let engine_cfg = EngineConfig {

@@ -127,6 +127,7 @@ async fn replaying_the_capture_gives_vllms_hits_and_kv_events() {
     cfg.kv_events = Some(KvEventsConfig {
         endpoint: bound.to_string(),
         topic: String::new(),
+        bind: false,
     });
     let (_replica, app) = start(cfg).await;
 
