@@ -25,9 +25,9 @@ use crate::discovery::{Endpoint, EndpointSet, EndpointSink, ModelMatch, Registry
 use crate::events::{weighted_blocks, KvEvents, SourceState};
 use crate::health::{Admission, Change, TrialPermit};
 use crate::index::{EndpointInterner, IndexOptions, OwnershipIndex, PrefixMatch, TokioClock};
-use crate::load::{InflightGuard, TtftContext};
+use crate::load::{InflightGuard, LoadSnapshot, TtftContext};
 use crate::policy::cost::CostModel;
-use crate::policy::{self, CandidateView, EngineLoad, Policy, Ranking, RequestView};
+use crate::policy::{self, CandidateView, EngineLoad, Policy, Ranking, RequestView, RouterLoad};
 use crate::prefix::{Namespace, PrefixError, PrefixIdentity, TenantSalts, TokenizerRegistry};
 use crate::request::ParsedRequest;
 use crate::telemetry::Metrics;
@@ -544,7 +544,7 @@ impl Router {
                 CandidateView {
                     address: ep.address,
                     weight: ep.weight,
-                    load: ep.load.snapshot(),
+                    load: router_load(ep.load.snapshot()),
                     max_in_flight: ep.max_in_flight,
                     // Blocks the engine holds only offloaded (CPU) count partly: they must be
                     // copied back before use.
@@ -655,6 +655,15 @@ impl Router {
             ttft,
             trial,
         })
+    }
+}
+
+/// The policy's view of the router's own counts.
+fn router_load(s: LoadSnapshot) -> RouterLoad {
+    RouterLoad {
+        in_flight_requests: s.in_flight_requests,
+        in_flight_prefill_tokens: s.in_flight_prefill_tokens,
+        in_flight_prefilling: s.in_flight_prefilling,
     }
 }
 
