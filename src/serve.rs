@@ -1,6 +1,8 @@
 //! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload, endpoint
 //! discovery, the scrape and probe monitor, and shutdown together.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +12,27 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::cli::ServeArgs;
 use crate::config::{self, Config};
 use crate::discovery::dns::{DnsDiscovery, Resolve, SystemResolver};
 use crate::discovery::{EndpointSink, Runner};
 use crate::extproc::inflight::InflightTable;
 use crate::router::Router;
 use crate::telemetry::{self, Metrics};
+
+/// Arguments of `kvrouter serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The YAML config file (hot-reloaded on change).
+    #[arg(long, short, env = "KVROUTER_CONFIG")]
+    pub config: PathBuf,
+    /// Overrides `server.grpc_listen` (use port 0 for any free port; the bound address is
+    /// printed on stdout).
+    #[arg(long)]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Overrides `server.admin_listen`.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+}
 
 /// Runs until SIGINT or SIGTERM, then drains: in-flight streams get a grace period to finish.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
