@@ -221,10 +221,7 @@ fn draining_endpoints_get_no_new_requests_and_all_draining_is_503() {
 
 /// A config with the real SmolLM2 tokenizer from the shared fixture.
 fn tokenized(policy: &str, extra: &str) -> Router {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
-        .canonicalize()
-        .expect("the shared fixture");
+    let fixture = crate::prefix::tests::fixture_dir();
     router(&format!(
         "policy: {{name: {policy}}}\n{extra}\nmodels: [{{name: m, tokenizer: \"{}\"}}]\npools: [{{name: a, models: [m], adapters: [lora-x], endpoints: [{{address: '127.0.0.1:8001'}}, {{address: '127.0.0.1:8002'}}, {{address: '127.0.0.1:8003'}}]}}]",
         fixture.display()
