@@ -187,10 +187,12 @@ fn explain_offline(
     let api = crate::request::ApiKind::from_path(&a.path);
     let parsed = crate::request::parse(api, body).map_err(|e| format!("bad request: {e}"))?;
     let ctx = crate::router::RouteContext {
-        subset: None,
         tenant: a.tenant.as_deref(),
+        ..Default::default()
     };
-    let plan = router.plan(&parsed, ctx).map_err(|e| e.to_string())?;
+    let plan = router
+        .plan(&router.snapshot(), &parsed, ctx)
+        .map_err(|e| e.to_string())?;
     serde_json::to_value(plan.explain()).map_err(|e| e.to_string())
 }
 

@@ -37,6 +37,7 @@ pub mod extproc;
 pub mod health;
 pub mod index;
 pub mod load;
+pub mod monitor;
 pub mod policy;
 pub mod prefix;
 pub mod request;
