@@ -57,7 +57,7 @@ impl ExtProc {
         }
     }
 
-    /// Drops, every [`SWEEP_INTERVAL`], parked tickets older than `max_age` (a response never
+    /// Drops, every 10 s, parked tickets older than `max_age` (a response never
     /// seen: no observer filter, or one that lost the stream), until aborted.
     pub fn spawn_sweeper(&self, max_age: std::time::Duration) -> tokio::task::JoinHandle<()> {
         let table = Arc::clone(&self.table);
