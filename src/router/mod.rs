@@ -145,7 +145,7 @@ impl Router {
     /// the request's accounting until dropped.
     pub fn decide(
         &self,
-        state: &Arc<RouterState>,
+        state: &RouterState,
         request: &ParsedRequest<'_>,
         ctx: RouteContext<'_>,
     ) -> Result<Decision, RouteError> {

@@ -3,9 +3,10 @@
 //! The ticket owns everything the request holds on the router's side: its share of the served
 //! endpoint's load (an RAII guard), the half-open breaker's trial slot if it took one, what the
 //! cost model expected of its first byte, the pick and the destination list sent to Envoy, and
-//! the [`RouterState`] snapshot it was decided under. The ext_proc side only reads facts off
+//! the config of the [`RouterState`] snapshot it was decided under (only the config: a ticket
+//! does not keep a replaced policy or tokenizer alive). The ext_proc side only reads facts off
 //! Envoy's messages ([`ResponseFacts`], the first byte's instant) and hands them over; the
-//! ticket judges them (passive health, retries, learned speed) against its own snapshot.
+//! ticket judges them (passive health, retries, learned speed) against that config.
 //! Dropping it, however the request ends, releases what it holds exactly once.
 
 use std::fmt::Write as _;
@@ -16,6 +17,7 @@ use std::time::Instant;
 use super::plan::Plan;
 use super::state::RouterState;
 use super::tables::Tables;
+use crate::config::Config;
 use crate::discovery::Endpoint;
 use crate::health::{is_failure_status, TrialPermit};
 use crate::load::{InflightGuard, TtftContext};
@@ -64,8 +66,8 @@ pub struct ResponseFacts {
 #[derive(Debug)]
 pub struct Ticket {
     tables: Arc<Tables>,
-    /// The snapshot the request was decided under; its response is judged by the same.
-    state: Arc<RouterState>,
+    /// The config the request was decided under; its response is judged by the same.
+    config: Arc<Config>,
     /// The endpoint the request counts against: the pick, or the one that served it.
     endpoint: Arc<Endpoint>,
     /// The destination list as sent to Envoy: the pick, then the fallbacks in order.
@@ -98,7 +100,7 @@ impl Ticket {
     /// (a 5xx is a strong signal against it, anything else says it works), counts the
     /// endpoints Envoy tried before the one that served as failed, and moves the load there.
     pub fn on_response_headers(&mut self, facts: ResponseFacts) {
-        let health = &self.state.config.health;
+        let health = &self.config.health;
         if let Some(addr) = facts.served.filter(|&a| a != self.endpoint.address) {
             // Another endpoint served it. override_host walks the list in order, skipping
             // addresses not (yet) in Envoy's cluster, and retries the next one after a connect
@@ -156,7 +158,7 @@ impl Ticket {
             self.endpoint.load.learned.observe(
                 &ctx,
                 ttft_ms,
-                &self.state.config.load.learning,
+                &self.config.load.learning,
                 tokio::time::Instant::now(),
             );
         }
@@ -168,7 +170,7 @@ impl Ticket {
 /// counts the decision, and logs its explanation under `request_id` when recording is on.
 pub(super) fn commit(
     tables: &Arc<Tables>,
-    state: &Arc<RouterState>,
+    state: &RouterState,
     plan: Plan,
     started: Instant,
     request_id: &str,
@@ -229,7 +231,7 @@ pub(super) fn commit(
     }
     let ticket = Ticket {
         tables: Arc::clone(tables),
-        state: Arc::clone(state),
+        config: Arc::clone(&state.config),
         endpoint: primary,
         destinations: plan.endpoints.clone(),
         guard,
