@@ -569,6 +569,60 @@ async fn a_retry_to_a_fallback_moves_the_accounting() {
     assert_eq!(f.in_flight(), 0);
 }
 
+/// The header a routing reply sets.
+fn header_name(r: &ProcessingResponse) -> Option<String> {
+    let common = match r.response.as_ref()? {
+        Response::RequestHeaders(h) => h.response.as_ref()?,
+        Response::RequestBody(b) => b.response.as_ref()?,
+        _ => return None,
+    };
+    Some(
+        common.header_mutation.as_ref()?.set_headers[0]
+            .header
+            .as_ref()?
+            .key
+            .clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_reload_mid_request_applies_from_the_next_request_on() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    // The config changes while the body is on its way: a smaller body limit and another
+    // destination header.
+    let reloaded = CONFIG.replace(
+        "routing: {max_body_bytes: 4096, fallback_endpoints: 1}",
+        "routing: {max_body_bytes: 16, fallback_endpoints: 0, destination_header: x-other}",
+    );
+    f.router
+        .apply(Config::parse_and_validate(&reloaded, "test").unwrap())
+        .unwrap();
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    let (dest, _) = destination(&r[0]).expect("routed under the config it started with");
+    assert_eq!(dest.split(',').count(), 2, "its fallback count: {dest}");
+    assert_eq!(
+        header_name(&r[0]).as_deref(),
+        Some("x-gateway-destination-endpoint")
+    );
+    // The next request sees the new config.
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    assert_eq!(immediate_status(&r[0]), Some(413), "{r:?}");
+}
+
 /// Routes one request through a picker stream and returns (destination list, pick id).
 async fn route_one(f: &Fixture) -> (Vec<String>, u64) {
     let mut picker = f.stream();

@@ -462,6 +462,8 @@ fn explanations_show_the_breakdown_but_never_the_prompt() {
 mod signals {
     //! Health, scraped engine signals, staleness and learned speeds in the decision.
     use super::*;
+    use crate::discovery::Endpoint;
+    use crate::health::BreakerState;
     use crate::load::{EngineSample, TtftContext};
     use std::time::Duration;
     use tokio::time::Instant;
@@ -710,6 +712,105 @@ pools:
         let ttft = d.ticket.ttft.as_ref().expect("a prediction to learn from");
         assert!(ttft.predicted_ms > 0.0);
         assert_eq!(ttft.work_tokens, d.plan.uncached_tokens());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_ticket_applies_response_facts_to_health_load_and_learning() {
+        let r = router(&format!(
+            "{THREE}\nload: {{learning: {{ttft_residual: true}}}}"
+        ));
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let cfg = config(&r);
+        let samples = |ep: &Endpoint| {
+            ep.load
+                .learned
+                .snapshot(&cfg.load.learning, tokio::time::Instant::now())
+                .residual_samples
+        };
+        let in_flight = |ep: &Endpoint| ep.load.snapshot().in_flight_requests;
+        // One request held on each of the others: least-loaded picks 8001 every round.
+        let set = endpoints(&r);
+        let _held: Vec<_> = [8002, 8003]
+            .iter()
+            .map(|&p| set.get(&addr(p)).unwrap().load.begin(0))
+            .collect();
+        for round in 0..cfg.health.breaker.failure_threshold {
+            let Decision { plan, ticket, .. } = decide_now(&r, &req, NONE).unwrap();
+            let mut ticket = ticket;
+            let (pick, fallback) = (
+                Arc::clone(&plan.endpoints[0]),
+                Arc::clone(&plan.endpoints[1]),
+            );
+            assert_eq!(pick.address, addr(8001));
+            assert_eq!((in_flight(&pick), in_flight(&fallback)), (1, 1));
+            // Envoy tried the pick, then served the request from the first fallback.
+            ticket.on_response_headers(ResponseFacts {
+                status: Some(200),
+                served: Some(fallback.address),
+                attempts: Some(2),
+            });
+            assert_eq!(ticket.endpoint(), &*fallback.address_str, "round {round}");
+            assert_eq!(
+                (in_flight(&pick), in_flight(&fallback)),
+                (0, 2),
+                "load moved"
+            );
+            assert!(ticket.ttft.is_none() && ticket.trial.is_none());
+            let before = samples(&fallback);
+            ticket.on_first_byte(std::time::Instant::now());
+            assert_eq!(fallback.load.snapshot().in_flight_prefill_tokens, 0);
+            assert_eq!(samples(&fallback), before, "the prediction was the pick's");
+            drop(ticket);
+            assert_eq!(
+                in_flight(&fallback),
+                1,
+                "released once, where it was counted"
+            );
+            let state = pick
+                .health
+                .snapshot(tokio::time::Instant::now(), &cfg.health);
+            let opened = round + 1 == cfg.health.breaker.failure_threshold;
+            assert_eq!(state.breaker == BreakerState::Open, opened, "round {round}");
+        }
+        // The pick serves its own request: its first byte teaches it.
+        let Decision { plan, ticket, .. } = decide_now(&r, &req, NONE).unwrap();
+        let mut ticket = ticket;
+        let pick = Arc::clone(plan.primary());
+        assert_ne!(pick.address, addr(8001), "open");
+        let before = samples(&pick);
+        ticket.on_response_headers(ResponseFacts {
+            status: Some(200),
+            served: Some(pick.address),
+            attempts: Some(1),
+        });
+        ticket.on_first_byte(std::time::Instant::now());
+        assert_eq!(samples(&pick), before + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_is_judged_by_the_config_its_request_was_routed_under() {
+        let strict = format!("{THREE}\nhealth: {{breaker: {{failure_threshold: 1}}}}");
+        let r = router(&strict);
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let mut held = decide_now(&r, &req, NONE).unwrap();
+        let pick = Arc::clone(held.primary());
+        // Reloaded while the request runs: the breaker now tolerates five failures.
+        r.apply(Config::parse_and_validate(&strict.replace("1}}", "5}}"), "t").unwrap())
+            .unwrap();
+        assert_eq!(config(&r).health.breaker.failure_threshold, 5);
+        held.ticket.on_response_headers(ResponseFacts {
+            status: Some(503),
+            served: None,
+            attempts: None,
+        });
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            pick.health.snapshot(now, &config(&r).health).breaker,
+            BreakerState::Open,
+            "one failure opens it, as the request's own config says"
+        );
     }
 
     #[test]
