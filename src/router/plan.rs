@@ -206,61 +206,63 @@ pub(crate) fn plan(
     let scrape = &config.load.scrape;
     let staleness = Duration::from_millis(scrape.staleness_ms);
     let mut signals = Vec::with_capacity(eligible.len());
-    let candidates: Vec<CandidateView> = eligible
-        .iter()
-        .zip(&matches)
-        .zip(&trial)
-        .map(|((ep, m), &trial)| {
-            let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-            let engine_signal = ep.load.engine.signal(now, staleness);
-            let engine = engine_signal
-                .fresh()
-                .filter(|_| scraped)
-                .map(|s| EngineLoad {
-                    waiting_requests: s.waiting_requests,
-                    running_requests: s.running_requests,
-                    kv_cache_usage: s.kv_cache_usage,
-                });
-            let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
-                Some(v) => (v, "learned"),
-                None => match ep.prefill_tokens_per_s {
-                    Some(v) => (v, "configured"),
-                    None => (default_speed, "default"),
-                },
-            };
-            let source = events.map_or(SourceState::Absent, |e| e.source_state(ep.id));
-            signals.push(CandidateSignals {
-                engine: if scraped {
-                    engine_signal.as_str()
-                } else {
-                    "not-scraped"
-                },
-                engine_age_ms: ep
-                    .load
-                    .engine
-                    .last()
-                    .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
-                prefill_speed: speed_source,
-                trial,
-                cache_source: source.source(),
-                cache_reason: source.reason().map(|r| r.as_str()),
+    let mut candidates = Vec::with_capacity(eligible.len());
+    for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
+        let scraped = scrape.enabled && ep.engine != EngineKind::Other;
+        let engine_signal = ep.load.engine.signal(now, staleness);
+        let engine = engine_signal
+            .fresh()
+            .filter(|_| scraped)
+            .map(|s| EngineLoad {
+                waiting_requests: s.waiting_requests,
+                running_requests: s.running_requests,
+                kv_cache_usage: s.kv_cache_usage,
             });
-            CandidateView {
-                address: ep.address,
-                weight: ep.weight,
-                load: router_load(ep.load.snapshot()),
-                max_in_flight: ep.max_in_flight,
-                // Blocks the engine holds only offloaded (CPU) count partly: they must be
-                // copied back before use.
-                matched_tokens: ((weighted_blocks(m, weights) * block as f64) as u64)
-                    .min(prefix.tokens),
-                confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
-                prefill_tokens_per_s: speed,
-                engine,
-                ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+        let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
+            Some(v) => (v, "learned"),
+            None => match ep.prefill_tokens_per_s {
+                Some(v) => (v, "configured"),
+                None => (default_speed, "default"),
+            },
+        };
+        let (cache_source, cache_reason) = match events {
+            Some(events) => {
+                let state = events.source_state(ep.id);
+                (state.source(), state.reason().map(|r| r.as_str()))
             }
-        })
-        .collect();
+            None => (SourceState::Absent.source(), None),
+        };
+        signals.push(CandidateSignals {
+            engine: if scraped {
+                engine_signal.as_str()
+            } else {
+                "not-scraped"
+            },
+            engine_age_ms: ep
+                .load
+                .engine
+                .last()
+                .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+            prefill_speed: speed_source,
+            trial,
+            cache_source,
+            cache_reason,
+        });
+        candidates.push(CandidateView {
+            address: ep.address,
+            weight: ep.weight,
+            load: router_load(ep.load.snapshot()),
+            max_in_flight: ep.max_in_flight,
+            // Blocks the engine holds only offloaded (CPU) count partly: they must be copied
+            // back before use.
+            matched_tokens: ((weighted_blocks(m, weights) * block as f64) as u64)
+                .min(prefix.tokens),
+            confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
+            prefill_tokens_per_s: speed,
+            engine,
+            ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+        });
+    }
     let view = RequestView {
         prompt_tokens: prefix.tokens,
         max_tokens: request.max_tokens,

@@ -9,7 +9,6 @@
 //! ticket judges them (passive health, retries, learned speed) against that config.
 //! Dropping it, however the request ends, releases what it holds exactly once.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -216,9 +215,11 @@ pub(super) fn commit(
         };
     }
     let mut destination = String::with_capacity(plan.endpoints.len() * 22);
-    for (i, ep) in plan.endpoints.iter().enumerate() {
-        let sep = if i == 0 { "" } else { "," };
-        let _ = write!(destination, "{sep}{}", ep.address_str);
+    for ep in &plan.endpoints {
+        if !destination.is_empty() {
+            destination.push(',');
+        }
+        destination.push_str(&ep.address_str);
     }
     tables
         .metrics
