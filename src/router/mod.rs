@@ -22,12 +22,12 @@
 //! # One request
 //!
 //! ```text
-//! let state = router.snapshot();                     // the request's only config load
-//! let decision = router.decide(&state, &request, ctx)?;   // plan + commit
+//! let state = router.snapshot();                         // the request's only config load
+//! let decision = router.decide(&state, &request, ctx)?;  // plan + commit
 //! // Envoy gets decision.destination; decision.ticket waits for the response:
-//! ticket.on_response_headers(facts);                  // breaker, retries, load moved
-//! ticket.on_first_byte(at);                           // prefill done, speed learned
-//! drop(ticket);                                       // in-flight released, exactly once
+//! ticket.on_response_headers(facts);                     // breaker, retries, load moved
+//! ticket.on_first_byte(at);                              // prefill done, speed learned
+//! drop(ticket);                                          // in-flight released, exactly once
 //! ```
 
 mod arrivals;
