@@ -1,4 +1,5 @@
-//! Command-line interface: `kvrouter serve`, `kvrouter check-config`.
+//! Command-line interface: `kvrouter serve`, `check-config`, `envoy-config`, `explain`. The
+//! serve command's arguments and wiring live in [`crate::serve`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
+use crate::serve::ServeArgs;
 
 /// Cache-aware request router for LLM inference, as an Envoy external processor.
 #[derive(Debug, Parser)]
@@ -97,21 +99,6 @@ pub struct EnvoyArgs {
     pub no_observer: bool,
 }
 
-/// Arguments of `kvrouter serve`.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {
-    /// The YAML config file (hot-reloaded on change).
-    #[arg(long, short, env = "KVROUTER_CONFIG")]
-    pub config: PathBuf,
-    /// Overrides `server.grpc_listen` (use port 0 for any free port; the bound address is
-    /// printed on stdout).
-    #[arg(long)]
-    pub grpc_listen: Option<SocketAddr>,
-    /// Overrides `server.admin_listen`.
-    #[arg(long)]
-    pub admin_listen: Option<SocketAddr>,
-}
-
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
@@ -200,10 +187,12 @@ fn explain_offline(
     let api = crate::request::ApiKind::from_path(&a.path);
     let parsed = crate::request::parse(api, body).map_err(|e| format!("bad request: {e}"))?;
     let ctx = crate::router::RouteContext {
-        subset: None,
         tenant: a.tenant.as_deref(),
+        ..Default::default()
     };
-    let plan = router.plan(&parsed, ctx).map_err(|e| e.to_string())?;
+    let plan = router
+        .plan(&router.snapshot(), &parsed, ctx)
+        .map_err(|e| e.to_string())?;
     serde_json::to_value(plan.explain()).map_err(|e| e.to_string())
 }
 

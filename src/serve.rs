@@ -1,6 +1,11 @@
 //! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload, endpoint
 //! discovery, the scrape and probe monitor, and shutdown together.
+//!
+//! The router is built once, with its tables; every other part gets only the narrow handle it
+//! needs from [`Router::handles`] (the ext_proc server gets the router itself: it decides).
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +15,28 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::cli::ServeArgs;
 use crate::config::{self, Config};
 use crate::discovery::dns::{DnsDiscovery, Resolve, SystemResolver};
-use crate::discovery::{EndpointSink, Runner};
-use crate::extproc::inflight::InflightTable;
+use crate::discovery::Runner;
+use crate::extproc::ExtProc;
+use crate::monitor::{self, EndpointSource};
 use crate::router::Router;
 use crate::telemetry::{self, Metrics};
+
+/// Arguments of `kvrouter serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The YAML config file (hot-reloaded on change).
+    #[arg(long, short, env = "KVROUTER_CONFIG")]
+    pub config: PathBuf,
+    /// Overrides `server.grpc_listen` (use port 0 for any free port; the bound address is
+    /// printed on stdout).
+    #[arg(long)]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Overrides `server.admin_listen`.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+}
 
 /// Runs until SIGINT or SIGTERM, then drains: in-flight streams get a grace period to finish.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -60,37 +80,45 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let router = Arc::new(
         Router::new(config, Arc::clone(&metrics), &base_dir).context("cannot load the config")?,
     );
-    sync_kv_events(&router)
+    router
+        .sync_events()
         .await
         .context("cannot start the KV-event subscriptions (kv_events)")?;
+    let handles = router.handles();
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    if router.config().envoy.eds_path.is_some() {
+    if handles.config.borrow().envoy.eds_path.is_some() {
         // Subscribed before the first write, so a set published in between (a discovery source
         // finishing its first lookup) is written too. Written before we report ready, so an
         // Envoy started after us finds the file.
-        let mut versions = router.subscribe_endpoints();
-        write_eds(&router);
-        let router = Arc::clone(&router);
+        let endpoints = Arc::clone(&handles.endpoints);
+        let config = handles.config.clone();
+        let mut versions = endpoints.subscribe();
+        write_eds(endpoints.as_ref(), &config);
         tokio::spawn(async move {
             while versions.changed().await.is_ok() {
-                write_eds(&router);
+                write_eds(endpoints.as_ref(), &config);
             }
         });
     }
     // Endpoint sources other than the config file's lists (DNS pools), restarted on reload.
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver);
-    let discovery = Arc::new(Runner::new(Arc::clone(&router) as Arc<dyn EndpointSink>));
+    let discovery = Arc::new(Runner::new(Arc::clone(&handles.discovery)));
     discovery.reconcile(DnsDiscovery::from_config(
-        &router.config(),
+        &handles.config.borrow(),
         Arc::clone(&resolver),
     ));
     // Scrapes and probes every endpoint, following the endpoint set.
-    let monitor = crate::health::monitor::spawn(Arc::clone(&router));
+    let monitor = monitor::spawn(monitor::Inputs {
+        endpoints: Arc::clone(&handles.endpoints),
+        config: handles.config.clone(),
+        health: Arc::clone(&handles.health),
+        capacity: Arc::clone(&handles.capacity),
+    });
 
     let reload = (server_section.reload_interval_ms > 0).then(|| {
         let router = Arc::clone(&router);
@@ -109,17 +137,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
                     }
                     new.server = server_section.clone();
+                    let sources = DnsDiscovery::from_config(&new, Arc::clone(&resolver));
                     match router.apply(new) {
                         Ok(change) => {
                             metrics.record_reload(true);
                             tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
-                            discovery.reconcile(DnsDiscovery::from_config(
-                                &router.config(),
-                                Arc::clone(&resolver),
-                            ));
+                            discovery.reconcile(sources);
                             let router = Arc::clone(&router);
                             tokio::spawn(async move {
-                                if let Err(e) = sync_kv_events(&router).await {
+                                if let Err(e) = router.sync_events().await {
                                     tracing::error!("config reload: {e}");
                                 }
                             });
@@ -138,33 +164,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
 
-    let table = Arc::new(InflightTable::default());
-    let sweeper = {
-        let table = Arc::clone(&table);
-        let max_age = Duration::from_secs(server_section.max_request_duration_s);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(10));
-            loop {
-                tick.tick().await;
-                let released = table.sweep(max_age);
-                if released > 0 {
-                    tracing::warn!(
-                        released,
-                        "released in-flight records whose response was never seen"
-                    );
-                }
-            }
-        })
-    };
     let grpc_task = tokio::spawn(crate::extproc::serve(
-        Arc::clone(&router),
-        Arc::clone(&table),
+        ExtProc::new(Arc::clone(&router), Arc::clone(&metrics)),
         grpc,
         server_section.max_grpc_message_bytes,
+        Duration::from_secs(server_section.max_request_duration_s),
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(crate::admin::serve(
-        Admin::new(Arc::clone(&router), Arc::clone(&ready)),
+        Admin::new(handles.admin, Arc::clone(&ready)),
         admin,
         stopped(stop_rx.clone()),
     ));
@@ -179,7 +187,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(task) = reload {
         task.abort();
     }
-    sweeper.abort();
     monitor.abort();
     drop(discovery);
     let _ = stop_tx.send(true);
@@ -196,34 +203,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the engines' KV-event subscriptions the config asks for (the first time any does) or
-/// applies the config to the running ones. A socket that cannot bind is an error; the others
-/// run regardless.
-async fn sync_kv_events(router: &Router) -> Result<(), crate::events::EventsError> {
-    let config = router.config();
-    match router.events() {
-        Some(events) => events.reload(&config, &router.tokenizers()).await,
-        None if config.kv_event_subscriptions().is_empty() => Ok(()),
-        None => {
-            let events = crate::events::KvEvents::start(
-                &config,
-                &router.tokenizers(),
-                Arc::clone(router.index()),
-                Arc::clone(router.interner()),
-                Arc::new(crate::index::TokioClock::new()),
-            )
-            .await?;
-            router.attach_events(events);
-            Ok(())
-        }
-    }
-}
-
-fn write_eds(router: &Router) {
-    let Some(path) = router.config().envoy.eds_path.clone() else {
+/// Writes the current endpoint set to the EDS file the config names (if it still names one).
+fn write_eds(endpoints: &dyn EndpointSource, config: &watch::Receiver<Arc<Config>>) {
+    let Some(path) = config.borrow().envoy.eds_path.clone() else {
         return;
     };
-    let set = router.endpoints();
+    let set = endpoints.snapshot();
     let addrs: Vec<_> = set.all().iter().map(|e| e.address).collect();
     match crate::envoyconf::write_eds(&path, set.version, &addrs) {
         Ok(()) => {

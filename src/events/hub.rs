@@ -78,8 +78,9 @@ impl Drop for Inner {
 /// The engines' KV-event streams feeding the ownership index: one per endpoint with a
 /// subscription (`pools[].kv_events`), each with its trust state.
 ///
-/// Built by [`KvEvents::start`] inside a tokio runtime; cheap to clone (shared). Dropping the
-/// last clone stops every socket.
+/// Built with no subscription by [`KvEvents::new`], together with the index it feeds; its
+/// sockets are started (and later reconciled) by [`KvEvents::reload`] inside a tokio runtime.
+/// Cheap to clone (shared). Dropping the last clone stops every socket.
 #[derive(Debug, Clone)]
 pub struct KvEvents {
     inner: Arc<Inner>,
@@ -111,18 +112,17 @@ pub struct EndpointEventsStatus {
 }
 
 impl KvEvents {
-    /// Resolves every endpoint's subscription from `config`, binds the bound sockets, starts
-    /// the connecting ones and the silence checker. Blocks are hashed with `registry`'s block
-    /// size for each endpoint's model. A socket that cannot bind is an error, after every other
-    /// socket was started (its endpoints stay `Distrusted(Connecting)`).
-    pub async fn start(
+    /// The event streams over `index`, with no subscription yet: every endpoint reads as
+    /// [`SourceState::Absent`] and [`Self::record_routed`] predicts as the index alone would.
+    /// Built with the tables it feeds (no runtime needed); [`Self::reload`] starts the
+    /// subscriptions `config` asks for, now and on every config change.
+    pub fn new(
         config: &Config,
-        registry: &TokenizerRegistry,
         index: Arc<OwnershipIndex>,
         interner: Arc<EndpointInterner>,
         clock: Arc<dyn Clock>,
-    ) -> Result<KvEvents, EventsError> {
-        let events = KvEvents {
+    ) -> KvEvents {
+        KvEvents {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
                     index,
@@ -135,15 +135,29 @@ impl KvEvents {
                 sockets: tokio::sync::Mutex::new(HashMap::new()),
                 checker: Mutex::new(None),
             }),
-        };
-        let weak = Arc::downgrade(&events.inner);
-        *events.inner.checker.lock() = Some(tokio::spawn(check_silence(weak)));
+        }
+    }
+
+    /// [`Self::new`] then [`Self::reload`]: resolves every endpoint's subscription from
+    /// `config`, binds the bound sockets, starts the connecting ones and the silence checker.
+    /// Blocks are hashed with `registry`'s block size for each endpoint's model. A socket that
+    /// cannot bind is an error, after every other socket was started (its endpoints stay
+    /// `Distrusted(Connecting)`).
+    pub async fn start(
+        config: &Config,
+        registry: &TokenizerRegistry,
+        index: Arc<OwnershipIndex>,
+        interner: Arc<EndpointInterner>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<KvEvents, EventsError> {
+        let events = KvEvents::new(config, index, interner, clock);
         events.reload(config, registry).await.map(|()| events)
     }
 
     /// Applies a new config: endpoints whose subscription, model or block size changed get a
     /// fresh stream (their confirmed blocks withdrawn), removed ones are withdrawn and become
-    /// `Absent`, sockets are started, re-routed or stopped. Bind errors as in [`Self::start`].
+    /// `Absent`, sockets are started, re-routed or stopped; the silence checker starts with the
+    /// first subscription. Bind errors as in [`Self::start`]. Call within a tokio runtime.
     pub async fn reload(
         &self,
         config: &Config,
@@ -196,6 +210,12 @@ impl KvEvents {
             }
         }
         inner.by_id.store(Arc::new(by_id));
+        if !by_socket.is_empty() {
+            let mut checker = inner.checker.lock();
+            if checker.is_none() {
+                *checker = Some(tokio::spawn(check_silence(Arc::downgrade(&self.inner))));
+            }
+        }
 
         let mut sockets = inner.sockets.lock().await;
         sockets.retain(|attach, s| {

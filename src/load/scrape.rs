@@ -1,5 +1,5 @@
 //! One scrape of one endpoint's metrics: an HTTP GET with a deadline, parsed into an
-//! [`EngineSample`]. The loop that repeats it lives in [`crate::health::monitor`].
+//! [`EngineSample`]. The loop that repeats it lives in [`crate::monitor`].
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -133,4 +133,4 @@ pub enum PrefixError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

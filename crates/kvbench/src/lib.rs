@@ -16,10 +16,13 @@
 //! - [`scrape`]: replica and router metrics while a run goes.
 //! - [`scenario`]: kill, restart, add, fail and stall events during a run.
 //! - [`oracle`]: the lower bound and the cross-tenant hit check, from engine tokens.
+//! - [`results`]: what a run produced, as plain data ([`results::RunResult`]).
 //! - [`stats`] / [`analysis`]: a run's numbers, and the "must show" comparisons.
 //! - [`overhead`]: router overhead (direct, Envoy alone, Envoy + kvrouter).
 //! - [`suite`]: runs a plan, policy by policy, on fresh processes.
 //! - [`report`]: JSON, Markdown and SVG output.
+//!
+//! Dependencies point one way: `suite` -> `report` -> `analysis` -> `results`.
 //!
 //! Times are simulated unless a field says real: the replicas run `time_scale` times faster
 //! than real time and every client-side measurement is multiplied back. Router and Envoy
@@ -31,6 +34,7 @@ pub mod oracle;
 pub mod overhead;
 pub mod plan;
 pub mod report;
+pub mod results;
 pub mod routercfg;
 pub mod runner;
 pub mod scenario;

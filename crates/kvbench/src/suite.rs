@@ -9,18 +9,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::client::{RequestRecord, SimClock};
-use super::oracle::{self, CrossTenant, EngineView, LowerBound};
+use super::client::SimClock;
+use super::oracle::{self, EngineView, LowerBound};
 use super::plan::{Plan, PolicySpec, ReplicaGroup, WorkloadSpec};
 use super::report::Report;
+use super::results::{BoundRatio, CpuUse, RunResult};
 use super::routercfg::{self, EndpointInfo, RouterInputs};
 use super::runner::{self, RunOptions};
-use super::scenario::{self, EventRecord, Fleet};
-use super::scrape::{self, Histogram, ReplicaSample};
-use super::stats::{self, RunStats};
+use super::scenario::{self, Fleet};
+use super::scrape::{self, Histogram};
+use super::stats;
 use super::vocab::{self, Vocab};
 use super::workload::{self, Trace};
 use super::BenchError;
@@ -43,70 +43,6 @@ pub struct SuiteOptions {
     pub workloads: Vec<String>,
     /// Only these policy labels (empty: all).
     pub policies: Vec<String>,
-}
-
-/// CPU seconds used during a run's load phase.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CpuUse {
-    /// Real seconds of the load phase.
-    pub wall_s: f64,
-    /// The load generator (this process).
-    pub bench_s: f64,
-    /// All replicas.
-    pub replicas_s: f64,
-    /// kvrouter.
-    pub router_s: f64,
-    /// Envoy.
-    pub envoy_s: f64,
-}
-
-/// A run's comparison with the workload's lower bound.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct BoundRatio {
-    /// The bound's mean TTFT, simulated ms.
-    pub bound_mean_ms: f64,
-    /// The bound's p90 TTFT.
-    pub bound_p90_ms: f64,
-    /// Mean TTFT / bound mean TTFT.
-    pub mean_ratio: Option<f64>,
-    /// p90 TTFT / bound p90 TTFT.
-    pub p90_ratio: Option<f64>,
-}
-
-/// One policy on one workload at one rate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunResult {
-    /// Workload name.
-    pub workload: String,
-    /// Its shape kind.
-    pub kind: String,
-    /// Arrival rate, requests per simulated second.
-    pub rate: f64,
-    /// Policy label.
-    pub label: String,
-    /// kvrouter's `policy.name`.
-    pub policy: String,
-    /// Why the run did not happen or broke off; `None` when it ran.
-    pub failed: Option<String>,
-    /// The numbers.
-    pub stats: Option<RunStats>,
-    /// Against the lower bound.
-    pub bound: Option<BoundRatio>,
-    /// Cross-tenant cache hits (workloads with tenants).
-    pub cross_tenant: Option<CrossTenant>,
-    /// kvrouter's decision time (`kvrouter_decision_duration_seconds`, real time).
-    pub decision: Histogram,
-    /// CPU used.
-    pub cpu: CpuUse,
-    /// Scenario events done.
-    pub events: Vec<EventRecord>,
-    /// Requests whose prompt token count from the replica differs from the bench's engine
-    /// tokenization (the bound and tenant checks assume they agree).
-    pub token_mismatches: usize,
-    /// Every request.
-    pub records: Vec<RequestRecord>,
-    /// Replica metric samples.
-    pub samples: Vec<ReplicaSample>,
 }
 
 /// The engine tokenizer the bench assumes the replicas use, for the lower bound and the

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::Report;
 use crate::analysis::RUNAWAY_MIN_QUEUE;
-use crate::suite::RunResult;
+use crate::results::RunResult;
 
 fn ms(v: Option<f64>) -> String {
     match v {

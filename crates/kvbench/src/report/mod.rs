@@ -13,8 +13,8 @@ use super::analysis::{self, Analysis};
 use super::oracle::LowerBound;
 use super::overhead::OverheadResult;
 use super::plan::{Plan, WorkloadSpec};
+use super::results::RunResult;
 use super::stats;
-use super::suite::RunResult;
 use super::workload::Trace;
 use super::BenchError;
 
@@ -109,7 +109,7 @@ impl Report {
     /// Computes the analysis and writes everything: `results.json`, `summary.json`,
     /// `report.md`, and the plots under `plots/`.
     pub fn finish(&mut self, dir: &Path) -> Result<(), BenchError> {
-        self.analysis = Some(analysis::analyse(self));
+        self.analysis = Some(analysis::analyse(&self.plan.analysis, &self.runs));
         self.write_results(dir)?;
         let mut summary = self.clone();
         for r in &mut summary.runs {

@@ -6,8 +6,8 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::Report;
+use crate::results::RunResult;
 use crate::stats::{in_flight_series, percentile};
-use crate::suite::RunResult;
 use crate::BenchError;
 
 const W: u32 = 900;
