@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 /// on two cores).
 pub const STARTUP: Duration = Duration::from_secs(600);
 
+/// KV-cache blocks of each replica (128 tokens each).
+pub const NUM_BLOCKS: u32 = 64;
+
 /// The model name clients send.
 pub const MODEL: &str = "smollm2";
 
@@ -23,6 +26,8 @@ pub const MODEL: &str = "smollm2";
 pub struct Setup {
     pub vllm: PathBuf,
     pub model_dir: PathBuf,
+    /// vLLM's own cache (`VLLM_CACHE_ROOT`), kept in the repository's `.cache/`, not `~/.cache`.
+    pub cache_root: PathBuf,
 }
 
 impl Setup {
@@ -43,6 +48,7 @@ impl Setup {
         Setup {
             vllm: get("KVROUTER_VLLM", "the vLLM venv"),
             model_dir: get("KVROUTER_VLLM_MODEL", "the model dir"),
+            cache_root: testkit::repo().join(".cache/vllm-runtime"),
         }
     }
 }
@@ -119,6 +125,8 @@ impl Vllm {
             .args(["--served-model-name", MODEL, "--host", "127.0.0.1"])
             .args(["--port", &self.addr.port().to_string()])
             .args(["--max-model-len", "2048", "--enforce-eager"])
+            // 64 blocks (8,192 tokens of KV), so that evicting takes few requests.
+            .args(["--num-gpu-blocks-override", &NUM_BLOCKS.to_string()])
             .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"])
             .arg("--kv-events-config")
             .arg(events.to_string())
@@ -127,7 +135,8 @@ impl Vllm {
             .env("TRANSFORMERS_OFFLINE", "1")
             .env("VLLM_NO_USAGE_STATS", "1")
             .env("DO_NOT_TRACK", "1")
-            // 1 GiB of KV cache: 364 blocks of 128 tokens for this model.
+            .env("VLLM_CACHE_ROOT", &self.setup.cache_root)
+            // The KV space in GiB (1 GiB holds 364 blocks of this model; 64 are used).
             .env("VLLM_CPU_KVCACHE_SPACE", "1")
             .env("VLLM_CPU_OMP_THREADS_BIND", self.cpu.to_string())
             .stdin(Stdio::null())

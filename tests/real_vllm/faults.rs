@@ -116,25 +116,29 @@ pub async fn a_restarted_replica_is_distrusted_then_trusted(f: &Fleet) -> String
         || async { (f.endpoint(y).await["kv_events"]["engine_blocks"] == 0).then_some(()) },
     )
     .await;
-    // When kvrouter's subscriber gets back to Y's publisher (zeromq reconnects by itself and
-    // logs it), for the report.
-    let reconnect_line = format!(
-        "Successfully reconnected to {}",
-        f.replicas[1].events_connect()
-    );
+    // When kvrouter's subscriber gets back to Y's publisher (a new "connected" line naming its
+    // endpoint: zeromq's own reconnection or kvrouter's), for the report.
+    let endpoint = f.replicas[1].events_connect();
+    let log = f.dir.join("kvrouter.log");
+    let connects = move || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.contains(&endpoint) && l.contains("connected") && !l.contains("disconnected")
+            })
+            .count()
+    };
+    let before = connects();
     let restarted = Instant::now();
     f.replicas[1].restart();
-    let watcher = {
-        let log = f.dir.join("kvrouter.log");
-        tokio::spawn(async move {
-            poll_until(Duration::from_secs(300), || {
-                let found =
-                    std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&reconnect_line));
-                async move { found.then(|| restarted.elapsed()) }
-            })
-            .await
+    let watcher = tokio::spawn(async move {
+        poll_until(Duration::from_secs(300), || {
+            let n = connects();
+            async move { (n > before).then(|| restarted.elapsed()) }
         })
-    };
+        .await
+    });
     let ready = f.replicas[1].wait_ready(&f.client).await;
     eventually("Y routable again", Duration::from_secs(60), || async {
         (f.endpoint(y).await["health"]["routable"] == true).then_some(())
@@ -187,12 +191,7 @@ pub async fn a_restarted_replica_is_distrusted_then_trusted(f: &Fleet) -> String
             (e["kv_events"]["messages"] != messages).then_some(e["kv_events"].clone())
         })
         .await;
-        let reconnected = if watcher.is_finished() {
-            watcher.await.ok().flatten()
-        } else {
-            watcher.abort();
-            None
-        };
+        let reconnected = finished(watcher).await;
         panic!(
             "Y never became trusted again: it answered /health {:.1} s after its restart, was \
              routable at {:.1} s, got its first prefix (the publisher's sequence 0) at {:.1} s; \
@@ -209,7 +208,7 @@ pub async fn a_restarted_replica_is_distrusted_then_trusted(f: &Fleet) -> String
                 .to_string()),
         );
     };
-    watcher.abort();
+    let reconnected = finished(watcher).await;
     let e = f
         .explain(&chat(&system, "Where did the first one go?", 4))
         .await;
@@ -218,14 +217,26 @@ pub async fn a_restarted_replica_is_distrusted_then_trusted(f: &Fleet) -> String
     format!(
         "killed, Y's kv events read distrusted({reason}) and its engine-block table was \
          emptied; restarted, it answered /health after {:.0} s and was routable at {:.0} s, \
-         still distrusted({reason_back}) with no stale match; its first stored prefix ({} \
-         tokens, sent at {:.1} s) made it trusted at {:.1} s, {confirmed} tokens confirmed",
+         still distrusted({reason_back}) with no stale match; kvrouter's subscriber was back \
+         at {}; its first stored prefix ({} tokens, sent at {:.1} s) made it trusted at \
+         {:.1} s, {confirmed} tokens confirmed",
         ready.as_secs_f64(),
         routable.as_secs_f64(),
+        reconnected.map_or("?".to_string(), |d| format!("{:.1} s", d.as_secs_f64())),
         a.prompt_tokens,
         first_sent.as_secs_f64(),
         trusted.as_secs_f64(),
     )
+}
+
+/// A watcher's result if it has one by now (it is stopped otherwise).
+async fn finished(watcher: tokio::task::JoinHandle<Option<Duration>>) -> Option<Duration> {
+    if watcher.is_finished() {
+        watcher.await.ok().flatten()
+    } else {
+        watcher.abort();
+        None
+    }
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, or `None` after `timeout`.

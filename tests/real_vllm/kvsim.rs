@@ -11,8 +11,10 @@ struct Step {
 }
 
 /// The request sequence for the kvsim comparison: shared chat prefixes, an identical repeat,
-/// a multi-turn continuation, token-id prompts at and around block boundaries, short prompts.
-fn sequence() -> Vec<Step> {
+/// a multi-turn continuation, token-id prompts at and around block boundaries, short prompts;
+/// then enough distinct 1900-token prompts to overflow the engine's `blocks` KV blocks, and
+/// the oldest, a middle and the newest of them again (what eviction left).
+fn sequence(blocks: u32) -> Vec<Step> {
     let system = long_system("kvsim");
     let half = format!(
         "[kvsim] {}",
@@ -40,7 +42,7 @@ fn sequence() -> Vec<Step> {
         ],
     })
     .to_string();
-    vec![
+    let mut steps = vec![
         chat_step("chat, new prefix", chat(&system, "Where is parcel 1?", 4)),
         chat_step("chat, same system", chat(&system, "Where is parcel 2?", 4)),
         chat_step(
@@ -60,7 +62,29 @@ fn sequence() -> Vec<Step> {
         ids_step("ids, same 600", 600),
         chat_step("chat, short", chat("Be terse.", "Hi.", 4)),
         chat_step("chat, same short", chat("Be terse.", "Hi.", 4)),
-    ]
+    ];
+    // Each fill holds 15 blocks while it runs (1900 + 4 tokens), 14 whole ones after.
+    let fills = blocks as usize / 14 + 2;
+    let fill = |k: usize| -> Vec<u32> {
+        (0..1900)
+            .map(|i| 10_000 + ((k * 7919 + i * 31) % 30_000) as u32)
+            .collect()
+    };
+    for k in 0..fills {
+        steps.push(Step {
+            label: format!("eviction: fill {k} (1900 ids)"),
+            path: COMPLETIONS,
+            body: completion_ids(&fill(k), 4),
+        });
+    }
+    for k in [0, 1, fills / 2, fills - 1] {
+        steps.push(Step {
+            label: format!("eviction: fill {k} again"),
+            path: COMPLETIONS,
+            body: completion_ids(&fill(k), 4),
+        });
+    }
+    steps
 }
 
 /// Check 6 of issue 14: kvsim, given the same request sequence as a real replica (X), reports the
@@ -75,7 +99,7 @@ pub async fn kvsim_reports_the_engines_cached_tokens(f: &Fleet) -> String {
     assert_eq!(block, 128);
     let blocks = (capacity / block) as u32;
     let sim = f.start_kvsim(blocks);
-    let steps = sequence();
+    let steps = sequence(blocks);
     let mut rows = Vec::new();
     let mut differ = Vec::new();
     for s in &steps {
