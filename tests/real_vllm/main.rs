@@ -1,8 +1,8 @@
 //! kvrouter and real Envoy in front of two real vLLM 0.32 CPU replicas (SmolLM2-135M), with KV
 //! events and metrics: the checks of issue 14 against the engine itself rather than kvsim.
 //!
-//! Not part of `make test` (vLLM is ~3.5 GB and each replica takes a minute or two to start):
-//! `make test-vllm` installs it (`scripts/setup-vllm.sh`) and runs this test with
+//! Not part of `make test` (vLLM takes 7 GB on disk and each replica one to three minutes to
+//! start): `make test-vllm` installs it (`scripts/setup-vllm.sh`) and runs this test with
 //! `KVROUTER_VLLM` (the `vllm` executable) and `KVROUTER_VLLM_MODEL` (the model dir) set.
 //! Processes' logs stay in `.run/real-vllm/`. See docs/real-vllm.md.
 //!
@@ -59,7 +59,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real vLLM (about 4 minutes and 3.5 GB to install): run `make test-vllm`"]
+#[ignore = "needs a real vLLM (5-8 minutes and 7 GB to install the first time): run `make test-vllm`"]
 async fn kvrouter_and_envoy_in_front_of_two_real_vllm_replicas() {
     let started = Instant::now();
     let dir = testkit::repo().join(".run/real-vllm");
