@@ -51,6 +51,14 @@ clean:
 	cargo clean
 	rm -rf $(VENV) .run .cache
 
+.PHONY: test-vllm
+
+## A real vLLM (CPU build, two replicas of SmolLM2-135M) behind kvrouter and Envoy: cache hits,
+## KV events, restarts, a killed replica, kvsim against the engine (docs/real-vllm.md). Not part
+## of `make test`: the first run installs vLLM into .venv-vllm (5-8 minutes, 7 GB on disk).
+test-vllm: envoy
+	KVROUTER_ENVOY=$(abspath $(ENVOY)) ./scripts/test-vllm.sh
+
 .PHONY: bench bench-full
 
 ## The quick policy benchmark (kvbench, see docs/bench.md): report in bench-out/quick/report.md.
