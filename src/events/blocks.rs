@@ -14,7 +14,7 @@
 //!
 //! # Memory
 //!
-//! An engine block is a 20-byte record in a dense vector, found by its engine hash through a
+//! An engine block is a 20-byte record in a dense paged vector ([`Pages`]), found by its engine hash through a
 //! table of 4-byte record numbers (5 bytes a bucket with hashbrown's control byte, so 5.7 to
 //! 11 bytes a block as the table doubles). The record holds the engine hash, the one block of
 //! ours it makes when the engine's block size equals ours (vLLM on GPU: 16 and 16), and its
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use hashbrown::HashTable;
 
 use super::wire::{BlockRemoved, BlockStored, ExtraKey};
-use crate::index::{EndpointId, Medium, OwnershipIndex};
+use crate::index::{EndpointId, Medium, OwnershipIndex, Pages};
 use crate::prefix::{BlockHasher, ChainState, Namespace};
 
 const MEDIA: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
@@ -162,7 +162,7 @@ pub(crate) struct EngineBlocks {
     /// Engine hash -> index in `blocks`; keyed per process (hashes come from the engine).
     table: HashTable<u32>,
     hasher: ahash::RandomState,
-    blocks: Vec<EngineBlock>,
+    blocks: Pages<EngineBlock>,
     spills: Vec<Spill>,
     free_spills: Vec<u32>,
     /// Exact copy counts of blocks whose counts outgrew `meta` (by engine hash).
@@ -177,7 +177,7 @@ impl EngineBlocks {
         EngineBlocks {
             table: HashTable::new(),
             hasher: ahash::RandomState::new(),
-            blocks: Vec::new(),
+            blocks: Pages::default(),
             spills: Vec::new(),
             free_spills: Vec::new(),
             many_copies: HashMap::default(),
@@ -200,7 +200,7 @@ impl EngineBlocks {
             .map(|s| s.ours.len() * 8 + s.pending.len() * 4)
             .sum();
         self.table.allocation_size()
-            + self.blocks.capacity() * std::mem::size_of::<EngineBlock>()
+            + self.blocks.heap_bytes()
             + self.spills.capacity() * std::mem::size_of::<Spill>()
             + spills
             + self.free_spills.capacity() * 4
@@ -218,8 +218,7 @@ impl EngineBlocks {
     }
 
     fn push(&mut self, block: EngineBlock) -> usize {
-        let i = self.blocks.len();
-        self.blocks.push(block);
+        let i = self.blocks.push(block);
         let (blocks, hasher) = (&self.blocks, &self.hasher);
         self.table
             .insert_unique(hasher.hash_one(block.hash()), i as u32, |&j| {
@@ -517,7 +516,7 @@ impl EngineBlocks {
     /// Forgets every engine block (the caller clears or withdraws the index entries).
     pub(crate) fn clear(&mut self) {
         self.table = HashTable::new();
-        self.blocks = Vec::new();
+        self.blocks = Pages::default();
         self.spills = Vec::new();
         self.free_spills = Vec::new();
         self.many_copies = HashMap::default();

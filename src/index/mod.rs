@@ -33,6 +33,7 @@
 mod clock;
 mod interner;
 mod lru;
+mod pages;
 mod shard;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use parking_lot::{Mutex, RwLock};
 
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use interner::EndpointInterner;
+pub(crate) use pages::Pages;
 
 use lru::EndpointLru;
 use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
@@ -399,21 +401,26 @@ impl OwnershipIndex {
                 let Some((first, more)) = shard.holders(hash) else {
                     break;
                 };
-                for h in std::iter::once(first).chain(more) {
+                let mut visit = |h: &Holder| {
                     let Some(&p) = position.get(h.endpoint() as usize) else {
-                        continue;
+                        return;
                     };
-                    if p == u32::MAX || !h.live(now) {
-                        continue;
+                    if p == u32::MAX {
+                        return;
                     }
+                    let Some((confirmed, offloaded)) = h.state(now) else {
+                        return;
+                    };
                     let m = &mut out[p as usize];
                     if m.blocks == block {
                         m.blocks += 1;
-                        m.confirmed_blocks += u32::from(h.confirmed());
-                        m.offloaded_blocks += u32::from(h.offloaded());
+                        m.confirmed_blocks += u32::from(confirmed);
+                        m.offloaded_blocks += u32::from(offloaded);
                         extended = true;
                     }
-                }
+                };
+                visit(first);
+                more.iter().for_each(visit);
             }
             if !extended {
                 break;

@@ -1,7 +1,7 @@
 //! One shard of the block map: block hash -> the endpoints holding it.
 //!
 //! Blocks are records in a dense vector, found through a hash table of 4-byte record numbers.
-//! A table bucket is then 5 bytes (the number and hashbrown's control byte) where a map of
+//! Records sit in pages ([`Pages`]), so spare room is at most one page. A table bucket is then 5 bytes (the number and hashbrown's control byte) where a map of
 //! `(hash, holders)` entries spent 41 per bucket: at hashbrown's worst load (1/2, right after
 //! it doubled) a block costs 10 bytes of table plus its 24-byte record, not 82 bytes.
 //!
@@ -12,6 +12,7 @@
 
 use hashbrown::HashTable;
 
+use super::pages::Pages;
 use super::{EndpointId, Medium};
 
 /// Endpoint ids use the low 24 bits of a holder's word.
@@ -83,9 +84,16 @@ impl Holder {
         self.confirmed() || self.predicted_until_ms() > now_ms
     }
 
-    /// Confirmed only on slower media than GPU.
-    pub(crate) fn offloaded(&self) -> bool {
-        self.confirmed() && self.media() & Medium::Gpu.bit() == 0
+    /// At `now_ms`, when live: (confirmed, offloaded); from one read of the word.
+    #[inline]
+    pub(crate) fn state(&self, now_ms: u64) -> Option<(bool, bool)> {
+        let w = self.word();
+        let media = (w >> MEDIA_SHIFT) & 0b111;
+        let confirmed = media != 0;
+        (confirmed || w >> UNTIL_SHIFT > now_ms).then_some((
+            confirmed,
+            confirmed && media & u64::from(Medium::Gpu.bit()) == 0,
+        ))
     }
 }
 
@@ -106,7 +114,7 @@ struct Record {
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     table: HashTable<u32>,
-    records: Vec<Record>,
+    records: Pages<Record>,
     /// Holders past the first of shared blocks; emptied lists are reused.
     lists: Vec<Vec<Holder>>,
     free_lists: Vec<u32>,
@@ -163,12 +171,11 @@ impl Shard {
     /// Adds a holder of `hash` for an endpoint that has none.
     pub(crate) fn add(&mut self, hash: u64, holder: Holder) {
         let Some(i) = self.find(hash) else {
-            let i = self.records.len() as u32;
-            self.records.push(Record {
+            let i = self.records.push(Record {
                 hash,
                 first: holder,
                 more: NO_LIST,
-            });
+            }) as u32;
             let (records, hasher) = (&self.records, &self.hasher);
             self.table.insert_unique(self.key(hash), i, |&j| {
                 hasher.hash_one(records[j as usize].hash)
@@ -246,7 +253,7 @@ impl Shard {
     /// Heap bytes: the table, the records and the lists of shared blocks.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.table.allocation_size()
-            + self.records.capacity() * std::mem::size_of::<Record>()
+            + self.records.heap_bytes()
             + self.lists.capacity() * std::mem::size_of::<Vec<Holder>>()
             + self
                 .lists
@@ -272,9 +279,16 @@ mod tests {
         x.set_media(Medium::Cpu.bit());
         assert_eq!(x.endpoint(), MAX_ENDPOINT_ID);
         assert_eq!(x.predicted_until_ms(), 100);
-        assert!(x.confirmed() && x.live(1000) && x.offloaded());
+        assert!(x.confirmed() && x.live(1000));
+        assert_eq!(x.state(1000), Some((true, true)), "offloaded");
         x.set_media(Medium::Cpu.bit() | Medium::Gpu.bit());
-        assert!(!x.offloaded());
+        assert_eq!(x.state(1 << 30), Some((true, false)));
+        let mut y = Holder::new(3, 0);
+        assert_eq!(y.state(0), None);
+        y.set_predicted_until_ms(10);
+        assert_eq!((y.state(9), y.state(10)), (Some((false, false)), None));
+        y.set_media(Medium::Other.bit());
+        assert_eq!(y.state(10), Some((true, true)));
         x.set_predicted_until_ms(u64::MAX);
         assert_eq!(x.predicted_until_ms(), MAX_UNTIL_MS, "saturates");
         assert_eq!((x.endpoint(), x.slot), (MAX_ENDPOINT_ID, 7));
