@@ -1,7 +1,7 @@
 //! One shard of the block map: block hash -> the endpoints holding it.
 //!
 //! Blocks are records in a dense vector, found through a hash table of 4-byte record numbers.
-//! Records sit in pages ([`Pages`]), so spare room is at most one page. A table bucket is then 5 bytes (the number and hashbrown's control byte) where a map of
+//! A table bucket is then 5 bytes (the number and hashbrown's control byte) where a map of
 //! `(hash, holders)` entries spent 41 per bucket: at hashbrown's worst load (1/2, right after
 //! it doubled) a block costs 10 bytes of table plus its 24-byte record, not 82 bytes.
 //!
@@ -12,7 +12,6 @@
 
 use hashbrown::HashTable;
 
-use super::pages::Pages;
 use super::{EndpointId, Medium};
 
 /// Endpoint ids use the low 24 bits of a holder's word.
@@ -114,7 +113,9 @@ struct Record {
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
     table: HashTable<u32>,
-    records: Pages<Record>,
+    /// A plain vector (one load fewer on the lookup path than pages), grown by a quarter at a
+    /// time so its spare room stays under a quarter.
+    records: Vec<Record>,
     /// Holders past the first of shared blocks; emptied lists are reused.
     lists: Vec<Vec<Holder>>,
     free_lists: Vec<u32>,
@@ -171,11 +172,16 @@ impl Shard {
     /// Adds a holder of `hash` for an endpoint that has none.
     pub(crate) fn add(&mut self, hash: u64, holder: Holder) {
         let Some(i) = self.find(hash) else {
-            let i = self.records.push(Record {
+            if self.records.len() == self.records.capacity() {
+                let more = (self.records.capacity() / 4).max(64);
+                self.records.reserve_exact(more);
+            }
+            let i = self.records.len() as u32;
+            self.records.push(Record {
                 hash,
                 first: holder,
                 more: NO_LIST,
-            }) as u32;
+            });
             let (records, hasher) = (&self.records, &self.hasher);
             self.table.insert_unique(self.key(hash), i, |&j| {
                 hasher.hash_one(records[j as usize].hash)
@@ -253,7 +259,7 @@ impl Shard {
     /// Heap bytes: the table, the records and the lists of shared blocks.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.table.allocation_size()
-            + self.records.heap_bytes()
+            + self.records.capacity() * std::mem::size_of::<Record>()
             + self.lists.capacity() * std::mem::size_of::<Vec<Holder>>()
             + self
                 .lists
