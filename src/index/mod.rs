@@ -22,9 +22,10 @@
 //! Memory: a (block, endpoint) entry costs a 12-byte holder (inline in the block's record when
 //! the block has one holder), a 16-byte recency node, and a share of the block's 24-byte record
 //! and of its 5-byte table bucket (record number and control byte; a bucket per 0.44 to 0.88
-//! blocks, as hashbrown doubles). So a block held by one endpoint costs 46 to 52 bytes, and each
-//! further holder 28. [`OwnershipIndex::stats`] reports the total from the allocated capacities,
-//! and `benches/index.rs` and `benches/events.rs` measure it with a counting allocator.
+//! blocks, as hashbrown doubles). So a block held by one endpoint costs 46 to 57 bytes (with the
+//! record vector's spare room), each further holder about 28. [`OwnershipIndex::stats`] reports
+//! the total from the allocated capacities, and `benches/index.rs` and `benches/events.rs`
+//! measure it with a counting allocator (`docs/kv-events.md`, Measurements).
 //!
 //! Time: predictions expire on the injected [`Clock`], kept in holders as 37 bits of
 //! milliseconds since the index was created. Past 4.3 years of uptime, expiry times saturate:
