@@ -94,7 +94,7 @@ impl Router {
     fn record(&self, i: usize, hashes: &[u64], confirmed: u32) {
         match &self.events {
             Some(events) => events
-                .record_routed(self.ids[i], hashes, confirmed)
+                .record_routed(self.ids[i], hashes, confirmed, None)
                 .unwrap(),
             None => self.index.insert_predicted(self.ids[i], hashes).unwrap(),
         }

@@ -330,25 +330,35 @@ impl KvEvents {
     /// block size is known (the engine caches nothing of a partial block), and, when the engine
     /// should store new blocks for it, starts the silence clock. Use instead of
     /// [`OwnershipIndex::insert_predicted`].
+    ///
+    /// The engine's block size comes from its events (`BlockStored`'s `block_size`) or, before
+    /// any, from `reported_block_size` (its metrics: vLLM's `cache_config_info`). While neither
+    /// is known the silence clock does not start: a prompt shorter than one engine block (128
+    /// tokens on vLLM's CPU build) stores nothing and publishes nothing, and counting on an
+    /// event for it distrusted healthy engines under short chats.
     pub fn record_routed(
         &self,
         ep: EndpointId,
         hashes: &[u64],
         confirmed_blocks: u32,
+        reported_block_size: Option<u32>,
     ) -> Result<(), IndexError> {
         let index = &self.inner.shared.index;
         let Some(e) = self.endpoint(ep) else {
             return index.insert_predicted(ep, hashes);
         };
         let ours = u64::from(e.rehash.block_size_tokens.max(1));
-        let engine = u64::from(e.published.engine_block_size.load(Ordering::Relaxed));
+        let engine = match e.published.engine_block_size.load(Ordering::Relaxed) {
+            0 => u64::from(reported_block_size.unwrap_or(0)),
+            known => u64::from(known),
+        };
         let whole = |blocks: usize| match engine {
             0 => blocks,
             e => ((blocks as u64 * ours / e * e) / ours) as usize,
         };
         let keep = whole(hashes.len()).min(hashes.len());
         index.insert_predicted_for(ep, &hashes[..keep], self.prediction_ttl(ep))?;
-        if keep > whole(confirmed_blocks as usize) {
+        if engine > 0 && keep > whole(confirmed_blocks as usize) {
             let now = self.inner.shared.clock.now_ms().max(1);
             let _ = e.published.expect_since_ms.compare_exchange(
                 0,

@@ -209,7 +209,10 @@ pub(super) fn commit(
             // Short-lived while the engine's events will confirm them, cut to whole engine
             // blocks, and starting the silence clock.
             let confirmed = plan.matches[pick].confirmed_blocks;
-            tables.events.record_routed(primary.id, hashes, confirmed)
+            let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
+            tables
+                .events
+                .record_routed(primary.id, hashes, confirmed, reported)
         } else {
             tables.index.insert_predicted(primary.id, hashes)
         };
