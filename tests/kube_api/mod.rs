@@ -35,6 +35,8 @@ pub enum Reply {
         lines: Vec<(u32, String)>,
         end: bool,
     },
+    /// `reply`, once the test has reached `stage` (the request waits until then).
+    Later { stage: u32, reply: Box<Reply> },
 }
 
 /// A recorded file under `tests/data/kubernetes/`.
@@ -131,12 +133,21 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             .into_response();
     }
     let key = key_of(&path, &query);
-    let reply = shared
+    let mut reply = shared
         .scripts
         .lock()
         .unwrap()
         .get_mut(&key)
         .and_then(VecDeque::pop_front);
+    while let Some(Reply::Later {
+        stage,
+        reply: later,
+    }) = reply
+    {
+        let mut stages = shared.stage.as_ref().unwrap().subscribe();
+        let _ = stages.wait_for(|s| *s >= stage).await;
+        reply = Some(*later);
+    }
     let json = |status: u16, body: String| {
         Response::builder()
             .status(status)
@@ -166,6 +177,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
                 .body(body)
                 .unwrap()
         }
+        Some(Reply::Later { .. }) => unreachable!("unwrapped above"),
         None if key.starts_with("watch") => Response::builder()
             .status(200)
             .header("content-type", "application/json;stream=watch")
