@@ -216,6 +216,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn discovered_endpoints_subscribe_through_their_pool_template_once_per_socket() {
+        let config = Config::from_yaml(
+            "pools:\n\
+             - {name: k, models: [m], kv_events: {connect: 'tcp://{ip}:5557'}, kubernetes: {inference_pool: k}}\n\
+             - {name: quiet, models: [m], kubernetes: {inference_pool: q}}\n\
+             - {name: s, models: [m], endpoints: [{address: '10.0.0.9:8000', kv_events: {connect: 'tcp://10.0.0.9:5557'}}]}\n",
+        )
+        .unwrap();
+        let addr = |s: &str| -> SocketAddr { s.parse().unwrap() };
+        let own = config.kv_event_subscriptions();
+        assert_eq!(own.len(), 1);
+        let discovered = [
+            (addr("10.0.0.1:8000"), "k"),
+            (addr("10.0.0.1:8001"), "k"), // a second target port: same socket and topic
+            (addr("10.0.0.2:8000"), "k"),
+            (addr("10.0.0.3:8000"), "quiet"),
+            (addr("10.0.0.9:8000"), "k"), // already subscribed by the config
+        ];
+        let subs = config.discovered_kv_event_subscriptions(&discovered, &own);
+        let got: Vec<(SocketAddr, String)> = subs
+            .iter()
+            .map(|s| match &s.attach {
+                KvEventsAttach::Connect(c) => (s.address, c.clone()),
+                KvEventsAttach::Bind(b) => (s.address, b.clone()),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (addr("10.0.0.1:8000"), "tcp://10.0.0.1:5557".to_string()),
+                (addr("10.0.0.2:8000"), "tcp://10.0.0.2:5557".to_string()),
+            ]
+        );
+        assert!(subs.iter().all(|s| s.model == "m"));
+    }
+
+    #[test]
     fn kubernetes_names_follow_rfc_1123() {
         for ok in ["qwen3-8b", "a", "pool.v1"] {
             assert!(is_dns_subdomain(ok), "{ok}");

@@ -240,12 +240,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                             metrics.record_reload(true);
                             tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
                             discovery.reconcile(sources);
-                            let router = Arc::clone(&router);
-                            tokio::spawn(async move {
-                                if let Err(e) = router.sync_events().await {
-                                    tracing::error!("config reload: {e}");
-                                }
-                            });
+                            // The new endpoint set wakes `events_follow`, which brings the
+                            // KV-event subscriptions in line (one task, so syncs never overlap).
                         }
                         Err(e) => {
                             metrics.record_reload(false);
