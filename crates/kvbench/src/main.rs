@@ -152,10 +152,14 @@ fn replay(mut args: ReplayArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The trace path as the user gave it, made absolute (the bench resolves it from here).
-    let trace = std::path::absolute(&args.trace)
-        .map(|p| p.display().to_string())
-        .unwrap_or(args.trace.clone());
+    // An existing file is made absolute; another name is looked up as shared/traces/<name>.
+    let trace = if std::path::Path::new(&args.trace).is_file() {
+        std::path::absolute(&args.trace)
+            .map(|p| p.display().to_string())
+            .unwrap_or(args.trace.clone())
+    } else {
+        args.trace.clone()
+    };
     let Some(w) = plan.workloads.first_mut() else {
         eprintln!("kvbench: the plan has no workload to replay into");
         return ExitCode::from(2);
