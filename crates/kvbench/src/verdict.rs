@@ -282,9 +282,13 @@ impl Resampled {
                 out
             })
             .collect();
-        let mut reps = vec![vec![Vec::with_capacity(resamples); 6]; labels.len()];
+        let mut reps: Vec<Vec<Vec<f64>>> = (0..labels.len())
+            .map(|_| (0..6).map(|_| Vec::with_capacity(resamples)).collect())
+            .collect();
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut per_pick = vec![vec![Vec::with_capacity(n_seeds); 6]; labels.len()];
+        let mut per_pick: Vec<Vec<Vec<f64>>> = (0..labels.len())
+            .map(|_| (0..6).map(|_| Vec::with_capacity(n_seeds)).collect())
+            .collect();
         let mut ids: Vec<usize> = Vec::new();
         for _ in 0..resamples {
             per_pick.iter_mut().flatten().for_each(Vec::clear);

@@ -148,7 +148,7 @@ impl GenContext<'_> {
 
     /// The next request's output length.
     pub fn output(&mut self) -> u32 {
-        self.outputs.next()
+        self.outputs.sample()
     }
 }
 
@@ -170,7 +170,7 @@ impl OutputSampler {
     }
 
     /// The next length.
-    pub fn next(&mut self) -> u32 {
+    pub fn sample(&mut self) -> u32 {
         match &self.spec {
             OutputLen::Fixed(n) => *n,
             OutputLen::LogNormal(d) => {
@@ -442,12 +442,12 @@ pub(crate) mod tests {
             max: 1024,
         });
         let mut s = OutputSampler::new(spec, 3);
-        let v: Vec<f64> = (0..4000).map(|_| f64::from(s.next())).collect();
+        let v: Vec<f64> = (0..4000).map(|_| f64::from(s.sample())).collect();
         let p50 = crate::stats::percentile(&v, 0.5).unwrap();
         assert!((270.0..330.0).contains(&p50), "{p50}");
         assert!(v.iter().all(|&x| (16.0..=1024.0).contains(&x)));
         assert!(crate::stats::percentile(&v, 0.95).unwrap() > 600.0);
-        assert_eq!(OutputSampler::new(OutputLen::Fixed(7), 1).next(), 7);
+        assert_eq!(OutputSampler::new(OutputLen::Fixed(7), 1).sample(), 7);
     }
 
     #[test]
