@@ -258,3 +258,45 @@ mod tests {
         assert_eq!(trace_shared_tokens(&lines, 512), vec![0, 1024, 0, 1030]);
     }
 }
+
+/// The committed plans' Mooncake window under the real tokenizers: run by hand with
+/// `cargo test -p kvbench --lib mooncake_window -- --ignored` (needs `make tokenizers` and
+/// `shared/traces`); it fails, never skips, when they are missing.
+#[cfg(test)]
+mod mooncake {
+    use crate::plan::{Plan, Shape};
+    use crate::suite::engine_tokenizer;
+    use crate::vocab::{self, Vocab};
+    use crate::workload::generate;
+
+    #[test]
+    #[ignore = "minutes: tokenizes the whole window (run by hand)"]
+    fn mooncake_window_reproduces_the_traces_sharing() {
+        let plan = Plan::load("replay").unwrap();
+        let dir = std::env::var("KVROUTER_TOKENIZERS_DIR").expect("KVROUTER_TOKENIZERS_DIR");
+        let tok = vocab::resolve(&plan.tokenizer, std::path::Path::new(&dir)).unwrap();
+        let v = Vocab::load(&tok).unwrap();
+        let engine = engine_tokenizer(Some(&tok)).unwrap();
+        let w = &plan.workloads[0];
+        assert!(matches!(w.shape, Shape::Trace(_)));
+        let t = generate(&plan, w, w.rate, 1, &v, engine.as_ref()).unwrap();
+        let views = crate::oracle::engine_views(&t, engine.as_ref(), &plan.model, 16).unwrap();
+        let expected = t.expected_shared_tokens.clone().unwrap();
+        let engine_shared = crate::oracle::engine_shared_tokens(&views, 16);
+        assert_eq!(expected.len(), engine_shared.len());
+        let agree = expected
+            .iter()
+            .zip(&engine_shared)
+            .filter(|(a, b)| a.abs_diff(**b) <= 32)
+            .count();
+        eprintln!(
+            "{} requests at {} req/s; agree {agree}; trace shared {}, engine shared {}; {:?}",
+            t.requests.len(),
+            t.rate,
+            expected.iter().sum::<usize>(),
+            engine_shared.iter().sum::<usize>(),
+            t.notes
+        );
+        assert_eq!(agree, expected.len());
+    }
+}
