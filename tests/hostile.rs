@@ -158,3 +158,74 @@ async fn colliding_request_ids_keep_separate_decisions() {
         "the first record is the short prompt's, the second the long one's: {tokens:?}"
     );
 }
+
+/// An endpoint that leaves the config takes its metric series with it: under DNS or Kubernetes
+/// churn `/metrics` must not keep every address a pool ever had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_series_of_a_removed_endpoint_go_with_it() {
+    let extra = "policy: {name: round-robin}";
+    let stack = Stack::start(StackOptions {
+        replicas: 2,
+        router_extra: extra,
+        ..StackOptions::default()
+    })
+    .await;
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/completions",
+                completion_body(MODEL, &format!("p{i}"), false, 2),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let gone = stack.replicas[1].addr;
+    let label = format!("endpoint=\"{gone}\"");
+    let metrics_text = || {
+        let client = stack.client.clone();
+        let url = format!("http://{}/metrics", stack.router.admin);
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("metrics text")
+        }
+    };
+    let before = metrics_text().await;
+    let series = |text: &str, name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(&label))
+            .count()
+    };
+    for name in [
+        "kvrouter_decisions_total",
+        "kvrouter_upstream_responses_total",
+    ] {
+        assert!(
+            series(&before, name) > 0,
+            "{name} has a series for {gone} before:\n{before}"
+        );
+    }
+
+    stack.reconfigure(&[stack.replicas[0].addr], extra).await;
+    let after = eventually(
+        "the removed endpoint's series to leave /metrics",
+        Duration::from_secs(10),
+        || async {
+            let text = metrics_text().await;
+            (!text.contains(&label)).then_some(text)
+        },
+    )
+    .await;
+    let kept = format!("endpoint=\"{}\"", stack.replicas[0].addr);
+    assert!(
+        after
+            .lines()
+            .any(|l| l.starts_with("kvrouter_decisions_total") && l.contains(&kept)),
+        "the remaining endpoint's series stay:\n{after}"
+    );
+}
