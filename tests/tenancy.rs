@@ -185,6 +185,29 @@ async fn tenants_share_nothing_in_one_engine(mode: BodyMode) {
     assert_eq!(o2.status, 200, "{}", o2.body);
     assert!(cached > 0, "and is honoured consistently");
 
+    // A chunked body (no content-length from the client) is salted the same way.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body("Q10?")
+        .into_bytes()
+        .chunks(100)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
+    let streamed = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
+        .header("content-type", "application/json")
+        .header(acme.0, &acme.1)
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .expect("chunked POST");
+    let streamed = reply(streamed).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    let cached = serde_json::from_str::<serde_json::Value>(&streamed.body).unwrap()["usage"]
+        ["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "acme's own prefix, from a chunked body");
+
     // A token signed with another key is refused by Envoy before the router.
     let forged_token = bearer(&sign(b"not-the-issuers-key-0123456789ab", "acme"));
     let (bad, _) = send(&stack, body("Q9?"), &[forged_token]).await;
