@@ -45,7 +45,7 @@ pub enum TenancyError {
 }
 
 /// Maps tenant ids to namespace salts and engine `cache_salt`s, built from [`TenancyConfig`].
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct TenantSalts {
     header: Option<String>,
     group_of: HashMap<String, String>,
@@ -61,16 +61,6 @@ impl std::fmt::Debug for TenantSalts {
             .field("groups", &self.group_of.len())
             .field("inject_cache_salt", &self.key.is_some())
             .finish()
-    }
-}
-
-impl Default for TenantSalts {
-    fn default() -> Self {
-        TenantSalts {
-            header: None,
-            group_of: HashMap::new(),
-            key: None,
-        }
     }
 }
 
