@@ -55,6 +55,7 @@ mod blocks;
 mod endpoint;
 mod hub;
 mod msgpack;
+mod replay;
 mod state;
 mod subscriber;
 pub mod wire;
