@@ -101,6 +101,10 @@ pub struct EnvoyArgs {
     /// no first-byte times or usage from responses (see docs/envoy.md).
     #[arg(long)]
     pub no_observer: bool,
+    /// The picker's ext_proc message timeout, in ms; with flow control on, give
+    /// `flow_control.max_wait_ms` + 1000 so a queued request keeps its place.
+    #[arg(long, default_value_t = 2000)]
+    pub message_timeout_ms: u64,
 }
 
 /// Runs the parsed command line.
@@ -123,6 +127,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 max_body_bytes: a.max_body_bytes,
                 attach: !a.without_kvrouter,
                 observe: !a.no_observer,
+                message_timeout_ms: a.message_timeout_ms,
             };
             print!("{}", crate::envoyconf::render(&options));
             ExitCode::SUCCESS

@@ -23,12 +23,25 @@ struct Waiter {
     since: Instant,
 }
 
+/// Room promised to permits handed out and not yet dropped (decided but maybe not committed).
+#[derive(Debug, Default)]
+struct Reserved {
+    /// Their estimated prompt tokens.
+    tokens: AtomicU64,
+    /// Their number.
+    requests: AtomicU64,
+}
+
+impl Reserved {
+    fn is_empty(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) == 0
+    }
+}
+
 #[derive(Debug, Default)]
 struct ModelState {
     queue: ModelQueue<Waiter>,
-    /// Estimated tokens of permits handed out and not yet dropped (decided but maybe not
-    /// committed): room they will take.
-    reserved: Arc<AtomicU64>,
+    reserved: Arc<Reserved>,
 }
 
 /// Admission for every model: holds requests while their candidates have no room.
@@ -60,6 +73,8 @@ pub struct ModelStatus {
     pub bytes: u64,
     /// Estimated tokens admitted and not yet routed.
     pub reserved_tokens: u64,
+    /// Requests admitted and not yet routed.
+    pub reserved_requests: u64,
     /// Per (priority, flow), highest priority first.
     pub flows: Vec<FlowDepth>,
 }
@@ -69,7 +84,7 @@ pub struct ModelStatus {
 #[derive(Debug)]
 #[must_use = "the reservation is released when the permit is dropped"]
 pub struct Permit {
-    reserved: Option<(Arc<AtomicU64>, u64)>,
+    reserved: Option<(Arc<Reserved>, u64)>,
     wake: Option<Arc<Notify>>,
     /// How long the request waited in the queue.
     pub waited: Duration,
@@ -89,7 +104,8 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some((reserved, tokens)) = self.reserved.take() {
-            reserved.fetch_sub(tokens, Ordering::Relaxed);
+            reserved.tokens.fetch_sub(tokens, Ordering::Relaxed);
+            reserved.requests.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(wake) = &self.wake {
             wake.notify_one();
@@ -133,6 +149,20 @@ impl Drop for Waiting<'_> {
 }
 
 impl FlowController {
+    /// [`Self::admit`] for a request whose body is `body`: its model read from the body (only
+    /// when flow control is on), its estimated tokens from the body's size.
+    pub async fn admit_request(
+        self: &Arc<Self>,
+        labels: &Labels,
+        body: &[u8],
+    ) -> Result<Permit, Shed> {
+        if !self.enabled() {
+            return Ok(Permit::unlimited());
+        }
+        let model = super::sniff_model(body).unwrap_or_default();
+        self.admit(&model, labels, body.len()).await
+    }
+
     /// A controller reading room from `room`, configured by `config`.
     pub fn new(room: Box<dyn RoomSource>, config: &FlowControlConfig) -> FlowController {
         FlowController {
@@ -272,11 +302,15 @@ impl FlowController {
         since: Instant,
     ) -> Option<Permit> {
         let room = self.room.room(model, &config.room);
-        let reserved = state.reserved.load(Ordering::Relaxed);
-        if room.candidates > 0 && room.free_prefill_tokens <= reserved {
+        let reserved = &state.reserved;
+        if room.candidates > 0
+            && (room.free_prefill_tokens <= reserved.tokens.load(Ordering::Relaxed)
+                || room.free_requests <= reserved.requests.load(Ordering::Relaxed))
+        {
             return None;
         }
-        state.reserved.fetch_add(tokens, Ordering::Relaxed);
+        reserved.tokens.fetch_add(tokens, Ordering::Relaxed);
+        reserved.requests.fetch_add(1, Ordering::Relaxed);
         Some(Permit {
             reserved: Some((Arc::clone(&state.reserved), tokens)),
             wake: Some(Arc::clone(&self.wake)),
@@ -309,7 +343,7 @@ impl FlowController {
         let mut models = self.models.lock();
         models.retain(|model, state| {
             self.pump(model, state, &config);
-            !state.queue.is_empty() || state.reserved.load(Ordering::Relaxed) > 0
+            !state.queue.is_empty() || !state.reserved.is_empty()
         });
     }
 
@@ -345,7 +379,8 @@ impl FlowController {
                 model: model.clone(),
                 requests: s.queue.len(),
                 bytes: s.queue.bytes(),
-                reserved_tokens: s.reserved.load(Ordering::Relaxed),
+                reserved_tokens: s.reserved.tokens.load(Ordering::Relaxed),
+                reserved_requests: s.reserved.requests.load(Ordering::Relaxed),
                 flows: s.queue.depths(),
             })
             .collect();

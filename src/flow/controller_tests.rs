@@ -15,6 +15,7 @@ impl RoomSource for FakeRoom {
         Room {
             candidates: 1,
             free_prefill_tokens: self.0.load(Ordering::Relaxed),
+            free_requests: u64::MAX,
         }
     }
 }

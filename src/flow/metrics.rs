@@ -89,82 +89,112 @@ impl FlowMetrics {
     /// the queue gauges.
     pub(crate) fn render(&self, depths: &[(String, Vec<FlowDepth>)]) -> String {
         let mut out = String::new();
-        out.push_str("# HELP kvrouter_flow_queue_requests Requests waiting in the router's queue.\n# TYPE kvrouter_flow_queue_requests gauge\n");
+        let (mut requests, mut bytes) = (String::new(), String::new());
         for (model, flows) in depths {
             for d in flows {
-                let _ = writeln!(
-                    out,
-                    "kvrouter_flow_queue_requests{{model=\"{}\",priority=\"{}\",flow=\"{}\"}} {}",
+                let labels = format!(
+                    "model=\"{}\",priority=\"{}\",flow=\"{}\"",
                     escape(model),
                     d.priority,
-                    escape(&d.flow),
+                    escape(&d.flow)
+                );
+                let _ = writeln!(
+                    requests,
+                    "kvrouter_flow_queue_requests{{{labels}}} {}",
                     d.requests
                 );
+                let _ = writeln!(bytes, "kvrouter_flow_queue_bytes{{{labels}}} {}", d.bytes);
             }
         }
-        out.push_str("# HELP kvrouter_flow_queue_bytes Body bytes waiting in the router's queue.\n# TYPE kvrouter_flow_queue_bytes gauge\n");
-        for (model, flows) in depths {
-            for d in flows {
-                let _ = writeln!(
-                    out,
-                    "kvrouter_flow_queue_bytes{{model=\"{}\",priority=\"{}\",flow=\"{}\"}} {}",
-                    escape(model),
-                    d.priority,
-                    escape(&d.flow),
-                    d.bytes
-                );
-            }
-        }
+        family(
+            &mut out,
+            "kvrouter_flow_queue_requests",
+            "gauge",
+            "Requests waiting in the router's queue.",
+            &requests,
+        );
+        family(
+            &mut out,
+            "kvrouter_flow_queue_bytes",
+            "gauge",
+            "Body bytes waiting in the router's queue.",
+            &bytes,
+        );
         let inner = self.inner.lock();
-        out.push_str("# HELP kvrouter_flow_requests_total Requests through flow control by outcome: admitted, full (turned away), displaced, expired, cancelled, closed.\n# TYPE kvrouter_flow_requests_total counter\n");
+        let mut samples = String::new();
         let mut outcomes: Vec<_> = inner.outcomes.iter().collect();
         outcomes.sort();
         for ((model, priority, outcome), n) in outcomes {
             let _ = writeln!(
-                out,
+                samples,
                 "kvrouter_flow_requests_total{{model=\"{}\",priority=\"{priority}\",outcome=\"{outcome}\"}} {n}",
                 escape(model)
             );
         }
-        out.push_str("# HELP kvrouter_flow_wait_seconds Time admitted requests waited in the queue.\n# TYPE kvrouter_flow_wait_seconds histogram\n");
+        family(&mut out, "kvrouter_flow_requests_total", "counter", "Requests through flow control by outcome: admitted, full (turned away), displaced, expired, cancelled, closed.", &samples);
+        let mut samples = String::new();
         let mut waits: Vec<_> = inner.waits.iter().collect();
         waits.sort_by(|a, b| a.0.cmp(b.0));
         for ((model, priority), h) in waits {
             let labels = format!("model=\"{}\",priority=\"{priority}\"", escape(model));
             for (n, le) in h.buckets.iter().zip(WAIT_BUCKETS_S) {
                 let _ = writeln!(
-                    out,
+                    samples,
                     "kvrouter_flow_wait_seconds_bucket{{{labels},le=\"{le}\"}} {n}"
                 );
             }
             let _ = writeln!(
-                out,
+                samples,
                 "kvrouter_flow_wait_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
                 h.count
             );
             let _ = writeln!(
-                out,
+                samples,
                 "kvrouter_flow_wait_seconds_sum{{{labels}}} {}",
                 h.sum_s
             );
             let _ = writeln!(
-                out,
+                samples,
                 "kvrouter_flow_wait_seconds_count{{{labels}}} {}",
                 h.count
             );
         }
-        out.push_str("# HELP kvrouter_flow_flow_wait_seconds Time admitted requests waited, per flow.\n# TYPE kvrouter_flow_flow_wait_seconds summary\n");
+        family(
+            &mut out,
+            "kvrouter_flow_wait_seconds",
+            "histogram",
+            "Time admitted requests waited in the queue.",
+            &samples,
+        );
+        let mut samples = String::new();
         let mut flows: Vec<_> = inner.flow_waits.iter().collect();
         flows.sort_by(|a, b| a.0.cmp(b.0));
         for ((model, flow), (sum, count)) in flows {
             let labels = format!("model=\"{}\",flow=\"{}\"", escape(model), escape(flow));
-            let _ = writeln!(out, "kvrouter_flow_flow_wait_seconds_sum{{{labels}}} {sum}");
             let _ = writeln!(
-                out,
+                samples,
+                "kvrouter_flow_flow_wait_seconds_sum{{{labels}}} {sum}"
+            );
+            let _ = writeln!(
+                samples,
                 "kvrouter_flow_flow_wait_seconds_count{{{labels}}} {count}"
             );
         }
+        family(
+            &mut out,
+            "kvrouter_flow_flow_wait_seconds",
+            "summary",
+            "Time admitted requests waited, per flow.",
+            &samples,
+        );
         out
+    }
+}
+
+/// Appends one metric family (its HELP and TYPE, then `samples`), if it has samples.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &str) {
+    if !samples.is_empty() {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{samples}");
     }
 }
 

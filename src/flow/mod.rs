@@ -8,7 +8,8 @@
 //!   the routing policy (so the pick sees the cache and load of *dispatch* time), then drops the
 //!   permit once its decision is committed (its load counted on the pick).
 //! - A model's queue dispatches while its candidates' room ([`RoomSource`], thresholds in
-//!   `flow_control.room`) exceeds the tokens of permits handed out and not yet committed; with
+//!   `flow_control.room`) exceeds the tokens and requests of permits handed out and not yet
+//!   committed; with
 //!   an empty queue and room, admission is immediate (one short lock, no wait).
 //! - Order: the highest priority band first (priority from the objective header), within a band
 //!   the flow (trusted tenant, else fairness id) with the fewest dispatched prompt tokens
@@ -50,6 +51,9 @@ pub struct Room {
     /// Prompt tokens the candidates with room can still take before reaching
     /// `room.max_prefill_tokens` (0 for a candidate over any threshold), summed.
     pub free_prefill_tokens: u64,
+    /// Requests the candidates with room can still take before their waiting queues reach
+    /// `room.max_waiting_requests`, summed.
+    pub free_requests: u64,
 }
 
 /// Where the controller reads the candidates' room (the router's tables, or a fake in tests).

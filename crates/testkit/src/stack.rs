@@ -41,6 +41,9 @@ pub struct StackOptions<'a> {
     pub replica_flags: &'a [&'a str],
     /// Replicas publish KV events and kvrouter subscribes to each. Default false.
     pub kv_events: bool,
+    /// Envoy's ext_proc message timeout, in ms (above kvrouter's `flow_control.max_wait_ms`
+    /// when requests may queue). Default 2000.
+    pub message_timeout_ms: u64,
 }
 
 impl Default for StackOptions<'_> {
@@ -53,6 +56,7 @@ impl Default for StackOptions<'_> {
             observe: true,
             replica_flags: &[],
             kv_events: false,
+            message_timeout_ms: 2000,
         }
     }
 }
@@ -78,6 +82,7 @@ impl Stack {
         let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
         let options = envoyconf::EnvoyOptions {
             observe: o.observe,
+            message_timeout_ms: o.message_timeout_ms,
             ..envoy_options(&router, dir.path(), o.cluster, o.body_mode, static_replicas)
         };
         let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
