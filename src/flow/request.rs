@@ -80,7 +80,8 @@ mod tests {
     #[test]
     fn priority_and_flow_come_from_headers_with_the_tenant_first() {
         let c = config();
-        let cases: [(&[(&str, &str)], Option<&str>, i32, &str); 6] = [
+        type Headers<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Headers, Option<&str>, i32, &str); 6] = [
             (&[], None, 0, "default"),
             (
                 &[("x-llm-d-inference-objective", "critical")],
