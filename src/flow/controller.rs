@@ -150,13 +150,15 @@ impl Drop for Waiting<'_> {
 
 impl FlowController {
     /// [`Self::admit`] for a request whose body is `body`: its model read from the body (only
-    /// when flow control is on), its estimated tokens from the body's size.
+    /// when flow control is on), its estimated tokens from the body's size. Bodyless requests
+    /// pass at once.
     pub async fn admit_request(
         self: &Arc<Self>,
         labels: &Labels,
         body: &[u8],
     ) -> Result<Permit, Shed> {
-        if !self.enabled() {
+        // A bodyless request (`GET /v1/models`, a health check) asks no engine for anything.
+        if body.is_empty() || !self.enabled() {
             return Ok(Permit::unlimited());
         }
         let model = super::sniff_model(body).unwrap_or_default();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::flow::Room;
 
-/// Room the test controls: `free` prompt tokens over one candidate.
+/// Room the test controls: `free` prompt tokens over one candidate, any number of requests.
 struct FakeRoom(Arc<AtomicU64>);
 
 impl RoomSource for FakeRoom {
@@ -16,6 +16,19 @@ impl RoomSource for FakeRoom {
             candidates: 1,
             free_prefill_tokens: self.0.load(Ordering::Relaxed),
             free_requests: u64::MAX,
+        }
+    }
+}
+
+/// Room for `0` more requests (tokens unbounded), or no candidate at all when `1` is 0.
+struct FakeSlots(Arc<AtomicU64>, usize);
+
+impl RoomSource for FakeSlots {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+        Room {
+            candidates: self.1,
+            free_prefill_tokens: u64::MAX,
+            free_requests: self.0.load(Ordering::Relaxed),
         }
     }
 }
@@ -212,4 +225,37 @@ async fn reservations_hold_room_until_the_decision_is_committed() {
     assert!(third.waited > Duration::ZERO);
     drop((second, third));
     assert_eq!(c.status()[0].reserved_tokens, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold() {
+    let mut config = FlowControlConfig {
+        enabled: true,
+        max_wait_ms: 60_000,
+        ..FlowControlConfig::default()
+    };
+    let slots = Arc::new(AtomicU64::new(2));
+    let c = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::clone(&slots), 1)),
+        &config,
+    ));
+    let a = c.admit("m", &labels(0, "a"), 40).await.unwrap();
+    let b = c.admit("m", &labels(0, "a"), 40).await.unwrap();
+    let third = spawn_admit(&c, labels(0, "a"), 40);
+    until(|| queued(&c) == 1).await;
+    assert_eq!(c.status()[0].reserved_requests, 2);
+    drop(a);
+    let third = third.await.unwrap().unwrap();
+    drop((b, third));
+    assert_eq!(c.status()[0].reserved_requests, 0);
+
+    // An unknown model (no candidate): routing answers it at once, the queue holds nothing.
+    config.max_queue_requests = 1;
+    let none = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0)),
+        &config,
+    ));
+    for _ in 0..3 {
+        assert!(none.admit("nope", &labels(-1, "a"), 40).await.is_ok());
+    }
 }
