@@ -121,6 +121,10 @@ pub struct EnvoyArgs {
     /// Reject requests without a token (else they pass with no tenant).
     #[arg(long, requires = "jwt_issuer")]
     pub jwt_required: bool,
+    /// The picker's ext_proc message timeout, in ms; with flow control on, give
+    /// `flow_control.max_wait_ms` + 1000 so a queued request keeps its place.
+    #[arg(long, default_value_t = 2000)]
+    pub message_timeout_ms: u64,
 }
 
 /// Runs the parsed command line.
@@ -154,6 +158,7 @@ pub fn run(cli: Cli) -> ExitCode {
                         required: a.jwt_required,
                     }),
                 tenant_header: a.tenant_header,
+                message_timeout_ms: a.message_timeout_ms,
             };
             print!("{}", crate::envoyconf::render(&options));
             ExitCode::SUCCESS

@@ -21,6 +21,8 @@
 //!   and per endpoint how far they can be trusted.
 //! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views; imports
 //!   no table module.
+//! - [`flow`]: flow control: per-model admission queues (priority bands, token-fair flows,
+//!   bounds, shedding) in front of the routing decision; reads room through a trait.
 //! - [`telemetry`]: logging and Prometheus metrics.
 //! - [`monitor`]: the scrape and probe loops of every endpoint, fed narrow views (endpoint set,
 //!   config) and writing through narrow sinks; knows nothing of the router.
@@ -45,6 +47,7 @@ pub mod discovery;
 pub mod envoyconf;
 pub mod events;
 pub mod extproc;
+pub mod flow;
 pub mod health;
 pub mod index;
 pub mod load;

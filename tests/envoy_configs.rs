@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use kvrouter::envoyconf::{render, BodyMode, ClusterStyle, EnvoyOptions, Replicas};
+use kvrouter::envoyconf::{
+    message_timeout_for_wait, render, BodyMode, ClusterStyle, EnvoyOptions, Replicas,
+};
 use testkit::{envoy_bin, repo};
 
 fn shipped() -> Vec<(&'static str, EnvoyOptions)> {
@@ -14,6 +16,8 @@ fn shipped() -> Vec<(&'static str, EnvoyOptions)> {
             "local-stack.yaml",
             EnvoyOptions {
                 replicas: eds(),
+                // examples/kvrouter.yaml queues requests for up to 5 s.
+                message_timeout_ms: message_timeout_for_wait(5000),
                 ..EnvoyOptions::default()
             },
         ),
@@ -22,6 +26,7 @@ fn shipped() -> Vec<(&'static str, EnvoyOptions)> {
             EnvoyOptions {
                 replicas: eds(),
                 body_mode: BodyMode::FullDuplex,
+                message_timeout_ms: message_timeout_for_wait(5000),
                 ..EnvoyOptions::default()
             },
         ),

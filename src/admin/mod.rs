@@ -34,6 +34,7 @@ impl Admin {
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
             .route("/debug/endpoints", get(endpoints))
+            .route("/debug/flow", get(flow))
             .route("/debug/explain", axum::routing::post(explain))
             .route("/debug/decisions", get(decisions))
             .route("/debug/decisions/{id}", get(decision))
@@ -116,7 +117,26 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
         "version": set.version,
         "policy": config.policy.name.as_str(),
         "endpoints": endpoints,
+        "flow_control": flow_json(&admin),
     }))
+}
+
+/// The admission queues: per model, requests and bytes queued, tokens admitted but not yet
+/// routed, and per (priority, flow) depth and fairness counter.
+async fn flow(State(admin): State<Admin>) -> Json<serde_json::Value> {
+    Json(flow_json(&admin))
+}
+
+fn flow_json(admin: &Admin) -> serde_json::Value {
+    let state = admin.view.snapshot();
+    let f = &state.config.flow_control;
+    json!({
+        "enabled": f.enabled,
+        "max_queue_requests": f.max_queue_requests,
+        "max_queue_bytes": f.max_queue_bytes,
+        "max_wait_ms": f.max_wait_ms,
+        "models": admin.view.flow(),
+    })
 }
 
 /// Query of `POST /debug/explain`.

@@ -8,6 +8,7 @@
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
 mod discovery;
+mod flow;
 mod health;
 mod kv_events;
 mod load;
@@ -21,6 +22,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
+pub use flow::{FlowControlConfig, ObjectiveConfig, RoomConfig};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
     check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
@@ -63,6 +65,9 @@ pub struct Config {
     pub health: HealthConfig,
     /// How engines' KV events are trusted (where they come from is per pool: `pools[].kv_events`).
     pub kv_events: KvEventsConfig,
+    /// The admission queue: holding, ordering and shedding requests while the fleet is
+    /// saturated. Off by default.
+    pub flow_control: FlowControlConfig,
 }
 
 /// Debugging aids (off by default).

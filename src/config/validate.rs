@@ -35,7 +35,7 @@ impl Errors {
 }
 
 /// True when `name` is a valid lowercase HTTP/2 header field name (RFC 9110 token, no uppercase).
-fn is_header_name(name: &str) -> bool {
+pub(super) fn is_header_name(name: &str) -> bool {
     !name.is_empty()
         && name.bytes().all(|b| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
@@ -153,6 +153,7 @@ impl Config {
         self.validate_pools(&mut errors);
         self.load.validate(&mut errors);
         self.health.validate(&mut errors);
+        self.flow_control.validate(&mut errors);
         errors.0.extend(self.validate_kv_events());
         errors.0
     }

@@ -86,6 +86,26 @@ pub struct EnvoyOptions {
     /// Verify the client's JWT and copy a claim into `tenant_header` (needs `tenant_header`).
     /// Default: none.
     pub jwt: Option<JwtOptions>,
+    /// The picker filter's ext_proc `message_timeout`, in ms: how long Envoy waits for one
+    /// reply before failing open. With flow control on it must exceed
+    /// `flow_control.max_wait_ms` (see [`message_timeout_for_wait`]), or a queued BUFFERED
+    /// request bypasses the queue when Envoy gives up on it. Default 2000.
+    pub message_timeout_ms: u64,
+}
+
+/// The ext_proc `message_timeout` that lets a request wait `max_wait_ms` in kvrouter's queue
+/// and still get its decision (one second of slack for parsing and routing), in ms.
+pub fn message_timeout_for_wait(max_wait_ms: u64) -> u64 {
+    max_wait_ms + 1000
+}
+
+/// An Envoy duration for `ms` milliseconds.
+fn duration(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{}.{:03}s", ms / 1000, ms % 1000)
+    }
 }
 
 /// Envoy's `jwt_authn` filter, as the source of the tenant.
@@ -123,6 +143,7 @@ impl Default for EnvoyOptions {
             observe: true,
             tenant_header: None,
             jwt: None,
+            message_timeout_ms: 2000,
         }
     }
 }
@@ -355,7 +376,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20               response_header_mode: SKIP\n\
          \x20               response_body_mode: NONE\n\
          \x20               response_trailer_mode: SKIP\n\
-         \x20             message_timeout: 2s          # {timeout_note}\n\
+         \x20             message_timeout: {message_timeout}          # {timeout_note}\n\
          \x20             route_cache_action: {route_cache}\n\
          \x20             mutation_rules:\n\
          \x20               disallow_all: true\n\
@@ -371,6 +392,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20             \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n\
          \x20 clusters:\n",
         grpc_max = o.max_body_bytes + (1 << 20),
+        message_timeout = duration(o.message_timeout_ms),
         header_re = regex_escape(header),
         observer = if o.observe { OBSERVER_FILTER } else { "" },
         jwt = jwt_filter(o),

@@ -126,7 +126,13 @@ async fn drive(
         };
         match msg {
             Ok(Some(msg)) => {
-                for reply in stream.on_message(msg).await {
+                let replies = tokio::select! {
+                    replies = stream.on_message(msg) => replies,
+                    // Gone while the request waited (admission queue, tokenizing): dropping
+                    // the message's future leaves the queue and releases what it held.
+                    _ = tx.closed() => break,
+                };
+                for reply in replies {
                     if tx.send(Ok(reply)).await.is_err() {
                         break 'messages;
                     }

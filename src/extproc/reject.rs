@@ -4,6 +4,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
 use serde_json::json;
 
 use super::envoy;
+use crate::flow::Shed;
 use crate::request::RequestError;
 use crate::router::RouteError;
 
@@ -65,7 +66,7 @@ impl Rejection {
         }
     }
 
-    /// The ext_proc reply; 503s carry `retry-after: retry_after_s`.
+    /// The ext_proc reply; 503s and 429s carry `retry-after: retry_after_s`.
     pub fn into_response(self, retry_after_s: u32) -> ProcessingResponse {
         let body = json!({
             "error": {
@@ -75,7 +76,7 @@ impl Rejection {
                 "code": self.status,
             }
         });
-        let extra: Vec<(&str, String)> = if self.status == 503 {
+        let extra: Vec<(&str, String)> = if matches!(self.status, 429 | 503) {
             vec![("retry-after", retry_after_s.to_string())]
         } else {
             Vec::new()
@@ -92,6 +93,22 @@ impl From<RequestError> for Rejection {
             param: e.param().map(str::to_string),
             message: e.to_string(),
             kind: "invalid_request_error",
+        }
+    }
+}
+
+impl From<Shed> for Rejection {
+    fn from(e: Shed) -> Rejection {
+        let status = e.status();
+        Rejection {
+            status,
+            message: e.to_string(),
+            kind: if status == 429 {
+                "rate_limit_error"
+            } else {
+                "service_unavailable"
+            },
+            param: None,
         }
     }
 }
@@ -118,6 +135,7 @@ impl From<RouteError> for Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow::ShedReason;
     use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 
     #[test]
@@ -142,6 +160,24 @@ mod tests {
                 None,
             ),
             (Rejection::too_large(10), 413, None),
+            (
+                Rejection::from(Shed {
+                    reason: ShedReason::Expired,
+                    priority: -1,
+                    retry_after_s: 7,
+                }),
+                429,
+                None,
+            ),
+            (
+                Rejection::from(Shed {
+                    reason: ShedReason::QueueFull,
+                    priority: 0,
+                    retry_after_s: 7,
+                }),
+                503,
+                None,
+            ),
         ];
         for (rejection, status, param) in cases {
             assert_eq!(rejection.status, status);
@@ -157,7 +193,7 @@ mod tests {
             let retry = headers
                 .iter()
                 .find(|h| h.header.as_ref().unwrap().key == "retry-after");
-            assert_eq!(retry.is_some(), status == 503);
+            assert_eq!(retry.is_some(), status == 503 || status == 429);
             if let Some(h) = retry {
                 assert_eq!(h.header.as_ref().unwrap().raw_value, b"7");
             }

@@ -46,6 +46,7 @@ use super::inflight::InflightTable;
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
 use super::salt;
+use crate::flow;
 use crate::request::{self, ApiKind};
 use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
 use crate::telemetry::Metrics;
@@ -86,6 +87,8 @@ struct Pending {
     api: ApiKind,
     subset: Option<Vec<SocketAddr>>,
     tenant: Option<String>,
+    /// Its place in the admission queue (priority, flow).
+    flow: flow::Labels,
     request_id: String,
     body: Vec<u8>,
     /// `body`'s share of the process-wide buffered-body budget.
@@ -226,11 +229,16 @@ impl Stream {
             .tenants
             .header()
             .and_then(|name| envoy::header_str(headers, name).map(str::to_string));
+        let flow =
+            flow::Labels::from_headers(&state.config.flow_control, tenant.as_deref(), |name| {
+                envoy::header_str(headers, name)
+            });
         let pending = Pending {
             state,
             api: ApiKind::from_path(path),
             subset: envoy::subset_hint(msg.metadata_context.as_ref()),
             tenant,
+            flow,
             request_id: self.request_id.clone(),
             body: Vec::new(),
             held: Default::default(),
@@ -277,8 +285,10 @@ impl Stream {
             self.request_id = envoy::attribute_str(&msg.attributes, "request.id")
                 .map(|id| id.chars().take(64).collect())
                 .unwrap_or_default();
+            let state = self.router.snapshot();
             self.phase = Phase::RequestBody(Pending {
-                state: self.router.snapshot(),
+                flow: flow::Labels::from_headers(&state.config.flow_control, None, |_| None),
+                state,
                 api: ApiKind::from_path(path),
                 subset: envoy::subset_hint(msg.metadata_context.as_ref()),
                 tenant: None,
@@ -355,6 +365,16 @@ impl Stream {
         slot: Slot,
         trailers: bool,
     ) -> Vec<ProcessingResponse> {
+        // Flow control: wait here (cancellable: the stream dropping this future leaves the
+        // queue) until a candidate has room; the permit is held until the decision commits.
+        let admission = self
+            .router
+            .admission()
+            .admit_request(&pending.flow, &pending.body);
+        let _permit = match admission.await {
+            Ok(permit) => permit,
+            Err(shed) => return self.reject(Rejection::from(shed), shed.retry_after_s),
+        };
         let router = Arc::clone(&self.router);
         let retry_after = pending.state.config.routing.retry_after_s;
         let (mut pending, result) = if pending.state.decides_slowly(pending.body.len()) {
@@ -515,7 +535,7 @@ impl Stream {
         reply
     }
 
-    /// Answers `rejection` (503s with `retry-after: retry_after_s`) and ends the stream.
+    /// Answers `rejection` (503s and 429s with `retry-after: retry_after_s`) and ends the stream.
     fn reject(&mut self, rejection: Rejection, retry_after_s: u32) -> Vec<ProcessingResponse> {
         self.metrics.record_immediate(rejection.status);
         tracing::debug!(

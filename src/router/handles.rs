@@ -22,6 +22,7 @@ use super::{plan, RouteContext, RouteError};
 use crate::config::{Config, ResolvedEndpoint};
 use crate::discovery::{Endpoint, EndpointSet, EndpointSink, SetChange};
 use crate::events::EndpointEventsStatus;
+use crate::flow::{FlowController, ModelStatus};
 use crate::health::Change;
 use crate::monitor::{CapacitySink, EndpointSource, HealthSink};
 use crate::request::ParsedRequest;
@@ -43,7 +44,11 @@ pub struct Handles {
 }
 
 impl Handles {
-    pub(super) fn new(tables: &Arc<Tables>, state: &Arc<StateCell>) -> Handles {
+    pub(super) fn new(
+        tables: &Arc<Tables>,
+        state: &Arc<StateCell>,
+        flow: &Arc<FlowController>,
+    ) -> Handles {
         let sinks = Arc::new(Sinks {
             tables: Arc::clone(tables),
             state: Arc::clone(state),
@@ -57,6 +62,7 @@ impl Handles {
             admin: AdminView {
                 tables: Arc::clone(tables),
                 state: Arc::clone(state),
+                flow: Arc::clone(flow),
             },
         }
     }
@@ -111,6 +117,7 @@ impl EndpointSink for Sinks {
 pub struct AdminView {
     tables: Arc<Tables>,
     state: Arc<StateCell>,
+    flow: Arc<FlowController>,
 }
 
 impl AdminView {
@@ -136,7 +143,15 @@ impl AdminView {
         if !events.is_empty() {
             text.push_str(&crate::telemetry::kv_events_text(&events));
         }
+        if self.flow.enabled() {
+            text.push_str(&self.flow.metrics_text());
+        }
         text
+    }
+
+    /// Every model's admission queue now (`flow_control`).
+    pub fn flow(&self) -> Vec<ModelStatus> {
+        self.flow.status()
     }
 
     /// Recently recorded decisions (when `debug.record_decisions` > 0).

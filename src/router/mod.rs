@@ -35,6 +35,7 @@ mod explain;
 mod handles;
 mod log;
 mod plan;
+mod room;
 mod state;
 mod tables;
 mod ticket;
@@ -54,6 +55,7 @@ pub use ticket::{Decision, ResponseFacts, Ticket};
 use crate::config::Config;
 use crate::discovery::SetChange;
 use crate::events::EventsError;
+use crate::flow::FlowController;
 use crate::prefix::PrefixError;
 use crate::request::ParsedRequest;
 use crate::telemetry::Metrics;
@@ -77,6 +79,7 @@ pub struct RouteContext<'a> {
 pub struct Router {
     tables: Arc<Tables>,
     state: Arc<StateCell>,
+    flow: Arc<FlowController>,
 }
 
 /// Why no endpoint could be picked. Each maps to one client-facing HTTP status.
@@ -121,9 +124,16 @@ impl Router {
         let tables = Arc::new(Tables::new(&config, metrics));
         let state = state::RouterState::build(config, base_dir, None)?;
         tables.configure(&state);
+        let flow_config = state.config.flow_control.clone();
+        let state = Arc::new(StateCell::new(state, base_dir));
+        let room = room::TablesRoom {
+            tables: Arc::clone(&tables),
+            state: Arc::clone(&state),
+        };
         Ok(Router {
+            flow: Arc::new(FlowController::new(Box::new(room), &flow_config)),
             tables,
-            state: Arc::new(StateCell::new(state, base_dir)),
+            state,
         })
     }
 
@@ -131,6 +141,12 @@ impl Router {
     /// every step of that request (lock-free: an atomic load and a reference count).
     pub fn snapshot(&self) -> Arc<RouterState> {
         self.state.load()
+    }
+
+    /// The admission queue a request passes before [`Self::decide`] (a no-op unless
+    /// `flow_control.enabled`).
+    pub fn admission(&self) -> &Arc<FlowController> {
+        &self.flow
     }
 
     /// Computes where `request` would go under `state`, without committing anything.
@@ -177,6 +193,7 @@ impl Router {
         self.tables.forget_removed(&change);
         let next = self.state.store(next);
         self.tables.configure(&next);
+        self.flow.configure(&next.config.flow_control);
         Ok(change)
     }
 
@@ -206,7 +223,7 @@ impl Router {
     /// The narrow handles for the parts around the router (monitor, discovery, EDS writer,
     /// admin API), each reading or writing only what it needs.
     pub fn handles(&self) -> Handles {
-        Handles::new(&self.tables, &self.state)
+        Handles::new(&self.tables, &self.state, &self.flow)
     }
 }
 

@@ -45,6 +45,9 @@ pub struct StackOptions<'a> {
     pub tenant_header: Option<&'a str>,
     /// Envoy's `jwt_authn` filter as the tenant's source. Default none.
     pub jwt: Option<envoyconf::JwtOptions>,
+    /// Envoy's ext_proc message timeout, in ms (above kvrouter's `flow_control.max_wait_ms`
+    /// when requests may queue). Default 2000.
+    pub message_timeout_ms: u64,
 }
 
 impl Default for StackOptions<'_> {
@@ -59,6 +62,7 @@ impl Default for StackOptions<'_> {
             kv_events: false,
             tenant_header: None,
             jwt: None,
+            message_timeout_ms: 2000,
         }
     }
 }
@@ -86,6 +90,7 @@ impl Stack {
             observe: o.observe,
             tenant_header: o.tenant_header.map(str::to_string),
             jwt: o.jwt.clone(),
+            message_timeout_ms: o.message_timeout_ms,
             ..envoy_options(&router, dir.path(), o.cluster, o.body_mode, static_replicas)
         };
         let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;

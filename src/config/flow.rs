@@ -1,0 +1,216 @@
+//! The `flow_control` section: the router's admission queue (see `crate::flow`).
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::{is_header_name, Errors};
+
+/// Holding requests in the router while every candidate is saturated: per-model bounded queues,
+/// priority bands from the objective header, token-weighted fairness between flows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowControlConfig {
+    /// Queue requests in the router when no candidate has room. Default false: without it a
+    /// request goes to the least bad endpoint at once and waits in that engine's queue.
+    pub enabled: bool,
+    /// Requests queued per model, over all priorities and flows, before more are refused (or a
+    /// lower-priority one is displaced). Must be > 0. Default 1000.
+    pub max_queue_requests: usize,
+    /// Request body bytes queued per model before more are refused (or displaced). Must be > 0.
+    /// Default 256 MiB.
+    pub max_queue_bytes: u64,
+    /// Longest a request waits in the queue, in ms; then it is answered 429 (sheddable) or 503.
+    /// Envoy's ext_proc `message_timeout` must exceed it (`kvrouter envoy-config` sizes it).
+    /// Must be > 0. Default 5000.
+    pub max_wait_ms: u64,
+    /// How often queued requests are re-checked against the candidates' load, in ms (arrivals
+    /// and dispatches also trigger a check). 1..=1000. Default 5.
+    pub dispatch_interval_ms: u64,
+    /// Seconds in the `retry-after` header of a 429 or 503 from the queue. Default 1.
+    pub retry_after_s: u32,
+    /// When a candidate endpoint has room.
+    pub room: RoomConfig,
+    /// Request header naming the objective (looked up in `objectives`). Also read:
+    /// `x-gateway-inference-objective` (the Inference Extension's older name).
+    /// Default `x-llm-d-inference-objective`.
+    pub objective_header: String,
+    /// Objectives and their priorities. Default: none (every request has `default_priority`).
+    pub objectives: Vec<ObjectiveConfig>,
+    /// Priority of a request without a (known) objective. Default 0.
+    pub default_priority: i32,
+    /// Request header naming the request's flow for fairness, when the trusted tenancy header
+    /// (`tenancy.header`) is not configured or absent. Default `x-llm-d-inference-fairness-id`.
+    pub fairness_header: String,
+}
+
+impl Default for FlowControlConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_queue_requests: 1000,
+            max_queue_bytes: 256 << 20,
+            max_wait_ms: 5000,
+            dispatch_interval_ms: 5,
+            retry_after_s: 1,
+            room: RoomConfig::default(),
+            objective_header: "x-llm-d-inference-objective".to_string(),
+            objectives: Vec::new(),
+            default_priority: 0,
+            fairness_header: "x-llm-d-inference-fairness-id".to_string(),
+        }
+    }
+}
+
+/// The thresholds past which an endpoint has no room. An endpoint has room when every signal
+/// it has is under its threshold; the model's queue dispatches while the room left over all its
+/// healthy candidates, in prompt tokens, exceeds what was admitted but not yet routed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoomConfig {
+    /// Prompt tokens routed to one endpoint that have not produced a first byte yet (the
+    /// router's own count: queued or prefilling there). Must be > 0. Default 16384.
+    pub max_prefill_tokens: u64,
+    /// Requests waiting in the engine's own queue (`vllm:num_requests_waiting`, when fresh;
+    /// else the router's count of requests without a first byte). Default 8.
+    pub max_waiting_requests: u64,
+    /// The engine's KV-cache usage, 0..=1 (`vllm:kv_cache_usage_perc`, when fresh). Default 0.95.
+    pub max_kv_cache_usage: f64,
+}
+
+impl Default for RoomConfig {
+    fn default() -> Self {
+        Self {
+            max_prefill_tokens: 16_384,
+            max_waiting_requests: 8,
+            max_kv_cache_usage: 0.95,
+        }
+    }
+}
+
+/// A named objective (the Inference Extension's InferenceObjective).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObjectiveConfig {
+    /// The objective header's value. Required, unique.
+    pub name: String,
+    /// Higher is served first; negative means sheddable (429 rather than 503 when refused).
+    /// Default 0.
+    pub priority: i32,
+}
+
+impl FlowControlConfig {
+    /// The priority of a request naming `objective` (none, or an unknown name: the default).
+    pub fn priority_of(&self, objective: Option<&str>) -> i32 {
+        objective
+            .and_then(|name| self.objectives.iter().find(|o| o.name == name))
+            .map_or(self.default_priority, |o| o.priority)
+    }
+
+    pub(super) fn validate(&self, errors: &mut Errors) {
+        let p = "flow_control";
+        if self.max_queue_requests == 0 {
+            errors.push(format!("{p}.max_queue_requests"), "must be > 0");
+        }
+        if self.max_queue_bytes == 0 {
+            errors.push(format!("{p}.max_queue_bytes"), "must be > 0");
+        }
+        if self.max_wait_ms == 0 {
+            errors.push(format!("{p}.max_wait_ms"), "must be > 0");
+        }
+        if !(1..=1000).contains(&self.dispatch_interval_ms) {
+            errors.push(format!("{p}.dispatch_interval_ms"), "must be in 1..=1000");
+        }
+        for (field, name) in [
+            ("objective_header", &self.objective_header),
+            ("fairness_header", &self.fairness_header),
+        ] {
+            if !is_header_name(name) {
+                errors.push(
+                    format!("{p}.{field}"),
+                    format!("{name:?} is not a lowercase HTTP header name"),
+                );
+            }
+        }
+        if self.room.max_prefill_tokens == 0 {
+            errors.push(format!("{p}.room.max_prefill_tokens"), "must be > 0");
+        }
+        let kv = self.room.max_kv_cache_usage;
+        if !(kv > 0.0 && kv <= 1.0) {
+            errors.push(
+                format!("{p}.room.max_kv_cache_usage"),
+                format!("must be in (0, 1] (got {kv})"),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, o) in self.objectives.iter().enumerate() {
+            if o.name.is_empty() {
+                errors.push(format!("{p}.objectives[{i}].name"), "is required");
+            } else if !seen.insert(o.name.as_str()) {
+                errors.push(
+                    format!("{p}.objectives[{i}].name"),
+                    format!("{:?} is listed twice", o.name),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn errors(yaml: &str) -> Vec<String> {
+        let base = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]\n";
+        let config: Config = serde_norway::from_str(&format!("{base}{yaml}")).unwrap();
+        config.validate().iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn bad_values_are_reported_with_their_paths() {
+        let cases = [
+            (
+                "flow_control: {max_queue_requests: 0}",
+                "flow_control.max_queue_requests: must be > 0",
+            ),
+            (
+                "flow_control: {max_wait_ms: 0}",
+                "flow_control.max_wait_ms: must be > 0",
+            ),
+            (
+                "flow_control: {dispatch_interval_ms: 0}",
+                "flow_control.dispatch_interval_ms: must be in 1..=1000",
+            ),
+            (
+                "flow_control: {room: {max_kv_cache_usage: 1.5}}",
+                "flow_control.room.max_kv_cache_usage: must be in (0, 1] (got 1.5)",
+            ),
+            (
+                "flow_control: {objective_header: 'X Y'}",
+                "flow_control.objective_header: \"X Y\" is not a lowercase HTTP header name",
+            ),
+            (
+                "flow_control: {objectives: [{name: a}, {name: a}]}",
+                "flow_control.objectives[1].name: \"a\" is listed twice",
+            ),
+        ];
+        for (yaml, want) in cases {
+            assert_eq!(errors(yaml), vec![want.to_string()], "{yaml}");
+        }
+        assert!(errors(
+            "flow_control: {enabled: true, objectives: [{name: critical, priority: 1}]}"
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn objectives_map_to_priorities() {
+        let config: Config = serde_norway::from_str(
+            "flow_control: {default_priority: 0, objectives: [{name: critical, priority: 1}, {name: sheddable, priority: -1}]}",
+        )
+        .unwrap();
+        let f = &config.flow_control;
+        assert_eq!(f.priority_of(Some("critical")), 1);
+        assert_eq!(f.priority_of(Some("sheddable")), -1);
+        assert_eq!(f.priority_of(Some("other")), 0);
+        assert_eq!(f.priority_of(None), 0);
+    }
+}

@@ -1,0 +1,406 @@
+//! [`FlowController`]: the per-model queues under one lock, admission, waiting with its
+//! cancellation guard, dispatch, and the [`Permit`] whose `Drop` releases its reservation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+use super::metrics::FlowMetrics;
+use super::queue::{Entry, FlowDepth, ModelQueue};
+use super::{Labels, RoomSource, Shed, ShedReason};
+use crate::config::FlowControlConfig;
+
+/// A waiter's side of the queue: where its permit (or refusal) is sent, and when it arrived.
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<Result<Permit, Shed>>,
+    since: Instant,
+}
+
+/// Room promised to permits handed out and not yet dropped (decided but maybe not committed).
+#[derive(Debug, Default)]
+struct Reserved {
+    /// Their estimated prompt tokens.
+    tokens: AtomicU64,
+    /// Their number.
+    requests: AtomicU64,
+}
+
+impl Reserved {
+    fn is_empty(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) == 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct ModelState {
+    queue: ModelQueue<Waiter>,
+    reserved: Arc<Reserved>,
+}
+
+/// Admission for every model: holds requests while their candidates have no room.
+pub struct FlowController {
+    models: Mutex<HashMap<String, ModelState>>,
+    room: Box<dyn RoomSource>,
+    config: ArcSwap<FlowControlConfig>,
+    next_id: AtomicU64,
+    /// Woken when a permit is released: the dispatcher re-checks the queues.
+    wake: Arc<Notify>,
+    dispatcher: AtomicBool,
+    metrics: FlowMetrics,
+}
+
+impl std::fmt::Debug for FlowController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowController").finish_non_exhaustive()
+    }
+}
+
+/// One model's queue, for `/debug/flow`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelStatus {
+    /// The model.
+    pub model: String,
+    /// Requests queued.
+    pub requests: usize,
+    /// Body bytes queued.
+    pub bytes: u64,
+    /// Estimated tokens admitted and not yet routed.
+    pub reserved_tokens: u64,
+    /// Requests admitted and not yet routed.
+    pub reserved_requests: u64,
+    /// Per (priority, flow), highest priority first.
+    pub flows: Vec<FlowDepth>,
+}
+
+/// Leave to route one request. Holds its estimated tokens as reserved room until dropped: drop
+/// it once the routing decision is committed (its load is then counted on the pick).
+#[derive(Debug)]
+#[must_use = "the reservation is released when the permit is dropped"]
+pub struct Permit {
+    reserved: Option<(Arc<Reserved>, u64)>,
+    wake: Option<Arc<Notify>>,
+    /// How long the request waited in the queue.
+    pub waited: Duration,
+}
+
+impl Permit {
+    /// A permit that reserves nothing (flow control off).
+    pub fn unlimited() -> Permit {
+        Permit {
+            reserved: None,
+            wake: None,
+            waited: Duration::ZERO,
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some((reserved, tokens)) = self.reserved.take() {
+            reserved.tokens.fetch_sub(tokens, Ordering::Relaxed);
+            reserved.requests.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(wake) = &self.wake {
+            wake.notify_one();
+        }
+    }
+}
+
+/// Removes a waiter's entry if its future is dropped before an answer (the RAII half of
+/// cancellation).
+struct Waiting<'a> {
+    controller: &'a FlowController,
+    model: &'a str,
+    labels: &'a Labels,
+    id: u64,
+    armed: bool,
+}
+
+impl Waiting<'_> {
+    /// Takes the entry out if it is still queued; true if it was.
+    fn withdraw(&mut self) -> bool {
+        self.armed = false;
+        let mut models = self.controller.models.lock();
+        models
+            .get_mut(self.model)
+            .and_then(|s| {
+                s.queue
+                    .remove(self.labels.priority, &self.labels.flow, self.id)
+            })
+            .is_some()
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.withdraw() {
+            self.controller
+                .metrics
+                .outcome(self.model, self.labels.priority, "cancelled");
+        }
+    }
+}
+
+impl FlowController {
+    /// [`Self::admit`] for a request whose body is `body`: its model read from the body (only
+    /// when flow control is on), its estimated tokens from the body's size. Bodyless requests
+    /// pass at once.
+    pub async fn admit_request(
+        self: &Arc<Self>,
+        labels: &Labels,
+        body: &[u8],
+    ) -> Result<Permit, Shed> {
+        // A bodyless request (`GET /v1/models`, a health check) asks no engine for anything.
+        if body.is_empty() || !self.enabled() {
+            return Ok(Permit::unlimited());
+        }
+        let model = super::sniff_model(body).unwrap_or_default();
+        self.admit(&model, labels, body.len()).await
+    }
+
+    /// A controller reading room from `room`, configured by `config`.
+    pub fn new(room: Box<dyn RoomSource>, config: &FlowControlConfig) -> FlowController {
+        FlowController {
+            models: Mutex::new(HashMap::new()),
+            room,
+            config: ArcSwap::from_pointee(config.clone()),
+            next_id: AtomicU64::new(1),
+            wake: Arc::new(Notify::new()),
+            dispatcher: AtomicBool::new(false),
+            metrics: FlowMetrics::default(),
+        }
+    }
+
+    /// Applies a reloaded config (bounds apply to arrivals from now on; queued requests keep
+    /// their deadline).
+    pub fn configure(&self, config: &FlowControlConfig) {
+        self.config.store(Arc::new(config.clone()));
+        self.wake.notify_one();
+    }
+
+    /// Whether requests go through the queue at all.
+    pub fn enabled(&self) -> bool {
+        self.config.load().enabled
+    }
+
+    /// Waits until a request for `model` (body of `body_bytes`, place `labels`) may be routed.
+    /// Immediate when flow control is off, or the queue is empty and a candidate has room.
+    /// Dropping the returned future leaves the queue at once.
+    pub async fn admit(
+        self: &Arc<Self>,
+        model: &str,
+        labels: &Labels,
+        body_bytes: usize,
+    ) -> Result<Permit, Shed> {
+        let config = self.config.load_full();
+        if !config.enabled {
+            return Ok(Permit::unlimited());
+        }
+        let shed = |reason| Shed {
+            reason,
+            priority: labels.priority,
+            retry_after_s: config.retry_after_s,
+        };
+        let bytes = body_bytes as u64;
+        // Prompt tokens by the router's byte estimate (4 bytes a token): good enough to weigh
+        // flows and reserve room, and known before the prompt is tokenized.
+        let tokens = (bytes / 4).max(1);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let since = Instant::now();
+        let (tx, mut rx) = oneshot::channel();
+        let mut displaced = Vec::new();
+        {
+            let mut models = self.models.lock();
+            let state = models.entry(model.to_string()).or_default();
+            if state.queue.is_empty() {
+                if let Some(permit) = self.try_reserve(model, state, &config, tokens, since) {
+                    drop(models);
+                    self.metrics
+                        .admitted(model, labels.priority, &labels.flow, Duration::ZERO);
+                    return Ok(permit);
+                }
+            }
+            while state.queue.len() >= config.max_queue_requests
+                || state.queue.bytes() + bytes > config.max_queue_bytes
+            {
+                match state.queue.evict_below(labels.priority) {
+                    Some(victim) => displaced.push(victim),
+                    None => break,
+                }
+            }
+            let fits = state.queue.len() < config.max_queue_requests
+                && state.queue.bytes() + bytes <= config.max_queue_bytes;
+            if fits {
+                state.queue.push(Entry {
+                    id,
+                    priority: labels.priority,
+                    flow: Arc::from(labels.flow.as_str()),
+                    tokens,
+                    bytes,
+                    payload: Waiter { tx, since },
+                });
+                self.pump(model, state, &config);
+            }
+            drop(models);
+            for victim in displaced {
+                self.metrics.outcome(model, victim.priority, "displaced");
+                let _ = victim.payload.tx.send(Err(Shed {
+                    reason: ShedReason::Displaced,
+                    priority: victim.priority,
+                    retry_after_s: config.retry_after_s,
+                }));
+            }
+            if !fits {
+                self.metrics.outcome(model, labels.priority, "full");
+                return Err(shed(ShedReason::QueueFull));
+            }
+        }
+        self.start_dispatcher(&config);
+
+        let mut waiting = Waiting {
+            controller: self,
+            model,
+            labels,
+            id,
+            armed: true,
+        };
+        let deadline = since + Duration::from_millis(config.max_wait_ms);
+        match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(Ok(answer)) => {
+                waiting.armed = false;
+                answer
+            }
+            Ok(Err(_)) => {
+                waiting.armed = false;
+                Err(shed(ShedReason::Closed))
+            }
+            Err(_) => {
+                if waiting.withdraw() {
+                    self.metrics.outcome(model, labels.priority, "expired");
+                    return Err(shed(ShedReason::Expired));
+                }
+                // Dispatched (or displaced) as the deadline passed: the answer is in the
+                // channel.
+                rx.try_recv().unwrap_or(Err(shed(ShedReason::Closed)))
+            }
+        }
+    }
+
+    /// A permit for `tokens` if `model`'s candidates have room beyond what is reserved (or
+    /// there are no candidates: routing answers the request then).
+    fn try_reserve(
+        &self,
+        model: &str,
+        state: &ModelState,
+        config: &FlowControlConfig,
+        tokens: u64,
+        since: Instant,
+    ) -> Option<Permit> {
+        let room = self.room.room(model, &config.room);
+        let reserved = &state.reserved;
+        if room.candidates > 0
+            && (room.free_prefill_tokens <= reserved.tokens.load(Ordering::Relaxed)
+                || room.free_requests <= reserved.requests.load(Ordering::Relaxed))
+        {
+            return None;
+        }
+        reserved.tokens.fetch_add(tokens, Ordering::Relaxed);
+        reserved.requests.fetch_add(1, Ordering::Relaxed);
+        Some(Permit {
+            reserved: Some((Arc::clone(&state.reserved), tokens)),
+            wake: Some(Arc::clone(&self.wake)),
+            waited: since.elapsed(),
+        })
+    }
+
+    /// Dispatches `model`'s queue while there is room. Called with the lock held.
+    fn pump(&self, model: &str, state: &mut ModelState, config: &FlowControlConfig) {
+        while let Some(head) = state.queue.peek() {
+            let Some(permit) =
+                self.try_reserve(model, state, config, head.tokens, head.payload.since)
+            else {
+                return;
+            };
+            let Some(entry) = state.queue.pop() else {
+                return;
+            };
+            let (priority, flow, waited) = (entry.priority, entry.flow, permit.waited);
+            // A waiter gone in between drops the permit with the channel: reservation released.
+            if entry.payload.tx.send(Ok(permit)).is_ok() {
+                self.metrics.admitted(model, priority, &flow, waited);
+            }
+        }
+    }
+
+    /// Dispatches every model's queue while there is room; forgets idle models.
+    pub fn pump_all(&self) {
+        let config = self.config.load_full();
+        let mut models = self.models.lock();
+        models.retain(|model, state| {
+            self.pump(model, state, &config);
+            !state.queue.is_empty() || !state.reserved.is_empty()
+        });
+    }
+
+    /// Starts the dispatcher task once (it ends when the controller is dropped).
+    fn start_dispatcher(self: &Arc<Self>, config: &FlowControlConfig) {
+        if self.dispatcher.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<FlowController> = Arc::downgrade(self);
+        let wake = Arc::clone(&self.wake);
+        let mut interval_ms = config.dispatch_interval_ms;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(interval_ms)) => {}
+                }
+                let Some(controller) = weak.upgrade() else {
+                    return;
+                };
+                controller.pump_all();
+                interval_ms = controller.config.load().dispatch_interval_ms;
+            }
+        });
+    }
+
+    /// Every model's queue now.
+    pub fn status(&self) -> Vec<ModelStatus> {
+        let models = self.models.lock();
+        let mut out: Vec<ModelStatus> = models
+            .iter()
+            .map(|(model, s)| ModelStatus {
+                model: model.clone(),
+                requests: s.queue.len(),
+                bytes: s.queue.bytes(),
+                reserved_tokens: s.reserved.tokens.load(Ordering::Relaxed),
+                reserved_requests: s.reserved.requests.load(Ordering::Relaxed),
+                flows: s.queue.depths(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.model.cmp(&b.model));
+        out
+    }
+
+    /// The flow metrics in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        let depths: Vec<(String, Vec<FlowDepth>)> = self
+            .status()
+            .into_iter()
+            .map(|s| (s.model, s.flows))
+            .collect();
+        self.metrics.render(&depths)
+    }
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

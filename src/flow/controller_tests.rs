@@ -1,0 +1,261 @@
+//! The controller against a fake room source whose free tokens the test sets.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::flow::Room;
+
+/// Room the test controls: `free` prompt tokens over one candidate, any number of requests.
+struct FakeRoom(Arc<AtomicU64>);
+
+impl RoomSource for FakeRoom {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+        Room {
+            candidates: 1,
+            free_prefill_tokens: self.0.load(Ordering::Relaxed),
+            free_requests: u64::MAX,
+        }
+    }
+}
+
+/// Room for `0` more requests (tokens unbounded), or no candidate at all when `1` is 0.
+struct FakeSlots(Arc<AtomicU64>, usize);
+
+impl RoomSource for FakeSlots {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+        Room {
+            candidates: self.1,
+            free_prefill_tokens: u64::MAX,
+            free_requests: self.0.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn controller(yaml: &str) -> (Arc<FlowController>, Arc<AtomicU64>) {
+    let mut config: FlowControlConfig = serde_norway::from_str(yaml).unwrap();
+    config.enabled = true;
+    let free = Arc::new(AtomicU64::new(0));
+    let c = FlowController::new(Box::new(FakeRoom(Arc::clone(&free))), &config);
+    (Arc::new(c), free)
+}
+
+fn labels(priority: i32, flow: &str) -> Labels {
+    Labels {
+        priority,
+        flow: flow.into(),
+    }
+}
+
+/// Starts `admit` as a task; returns its handle.
+fn spawn_admit(
+    c: &Arc<FlowController>,
+    l: Labels,
+    bytes: usize,
+) -> tokio::task::JoinHandle<Result<Permit, Shed>> {
+    let c = Arc::clone(c);
+    tokio::spawn(async move { c.admit("m", &l, bytes).await })
+}
+
+/// Lets spawned tasks run until `cond` holds (the paused clock advances only when all are idle).
+async fn until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("condition not reached");
+}
+
+fn queued(c: &FlowController) -> usize {
+    c.status().iter().map(|s| s.requests).sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn off_and_with_room_admission_is_immediate() {
+    let (c, free) = controller("{}");
+    free.store(1000, Ordering::Relaxed);
+    let permit = c.admit("m", &labels(0, "a"), 400).await.unwrap();
+    assert_eq!(permit.waited, Duration::ZERO);
+    assert_eq!(c.status()[0].reserved_tokens, 100);
+    drop(permit);
+    assert_eq!(c.status()[0].reserved_tokens, 0);
+
+    let off = FlowController::new(
+        Box::new(FakeRoom(Arc::new(AtomicU64::new(0)))),
+        &FlowControlConfig::default(),
+    );
+    let off = Arc::new(off);
+    assert!(off.admit("m", &labels(-1, "a"), 10).await.is_ok());
+    assert!(off.status().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_dispatched_by_priority_then_fairness_as_room_appears() {
+    let (c, free) = controller("{max_wait_ms: 60000}");
+    // Queue order of arrival: flood x3 (prio 0), quiet x1 (prio 0), critical x1 (prio 1).
+    let mut tasks = Vec::new();
+    for (i, (priority, flow)) in [
+        (0, "flood"),
+        (0, "flood"),
+        (0, "flood"),
+        (0, "quiet"),
+        (1, "vip"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        tasks.push((i, spawn_admit(&c, labels(priority, flow), 400)));
+        let n = i + 1;
+        until(|| queued(&c) == n).await;
+    }
+    // Room for one request (100 tokens) at a time; record the dispatch order.
+    let mut order = Vec::new();
+    while order.len() < 5 {
+        free.store(100, Ordering::Relaxed);
+        c.pump_all();
+        let mut done = None;
+        for (k, (i, t)) in tasks.iter().enumerate() {
+            if t.is_finished() {
+                done = Some((k, *i));
+            }
+        }
+        let Some((k, i)) = done else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        };
+        let (_, task) = tasks.remove(k);
+        let permit = task.await.unwrap().unwrap();
+        free.store(0, Ordering::Relaxed);
+        drop(permit);
+        order.push(i);
+    }
+    // vip first (higher band), then flood and quiet alternate from equal counters.
+    assert_eq!(order, vec![4, 0, 3, 1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_bounds_sheddable_get_429_and_others_503() {
+    let (c, _free) = controller("{max_queue_requests: 2, max_wait_ms: 60000, retry_after_s: 3}");
+    let s1 = spawn_admit(&c, labels(-1, "a"), 40);
+    until(|| queued(&c) == 1).await;
+    let n1 = spawn_admit(&c, labels(0, "a"), 40);
+    until(|| queued(&c) == 2).await;
+    // Full: another sheddable one is refused at once.
+    let refused = c.admit("m", &labels(-1, "b"), 40).await.unwrap_err();
+    assert_eq!(
+        (refused.reason, refused.status()),
+        (ShedReason::QueueFull, 429)
+    );
+    assert_eq!(refused.retry_after_s, 3);
+    // A critical one displaces the queued sheddable one.
+    let c1 = spawn_admit(&c, labels(1, "a"), 40);
+    let displaced = s1.await.unwrap().unwrap_err();
+    assert_eq!(
+        (displaced.reason, displaced.status()),
+        (ShedReason::Displaced, 429)
+    );
+    until(|| queued(&c) == 2).await;
+    // Full of non-sheddable work: a normal request is refused with 503.
+    let refused = c.admit("m", &labels(0, "b"), 40).await.unwrap_err();
+    assert_eq!(
+        (refused.reason, refused.status()),
+        (ShedReason::QueueFull, 503)
+    );
+    assert!(!n1.is_finished() && !c1.is_finished());
+    assert!(c.metrics_text().contains("outcome=\"displaced\"} 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn byte_bound_is_enforced() {
+    let (c, _free) = controller("{max_queue_bytes: 100, max_wait_ms: 60000}");
+    let _a = spawn_admit(&c, labels(0, "a"), 80);
+    until(|| queued(&c) == 1).await;
+    let refused = c.admit("m", &labels(0, "a"), 40).await.unwrap_err();
+    assert_eq!(refused.reason, ShedReason::QueueFull);
+    assert_eq!(c.status()[0].bytes, 80);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_waits_past_max_wait() {
+    let (c, _free) = controller("{max_wait_ms: 250}");
+    let started = tokio::time::Instant::now();
+    let shed = c.admit("m", &labels(0, "a"), 40).await.unwrap_err();
+    assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 503));
+    assert_eq!(started.elapsed(), Duration::from_millis(250));
+    assert_eq!(queued(&c), 0);
+    let shed = c.admit("m", &labels(-1, "a"), 40).await.unwrap_err();
+    assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 429));
+    assert!(c.metrics_text().contains("outcome=\"expired\"} 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_leaves_the_queue_at_once() {
+    let (c, free) = controller("{max_wait_ms: 60000}");
+    let t = spawn_admit(&c, labels(0, "a"), 40);
+    until(|| queued(&c) == 1).await;
+    t.abort();
+    assert!(t.await.unwrap_err().is_cancelled());
+    assert_eq!(queued(&c), 0);
+    assert!(c.metrics_text().contains("outcome=\"cancelled\"} 1"));
+    // Room now: nothing is reserved for the gone waiter.
+    free.store(1000, Ordering::Relaxed);
+    c.pump_all();
+    assert!(
+        c.status().is_empty(),
+        "idle model forgotten: {:?}",
+        c.status()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn reservations_hold_room_until_the_decision_is_committed() {
+    let (c, free) = controller("{max_wait_ms: 60000}");
+    free.store(150, Ordering::Relaxed);
+    let first = c.admit("m", &labels(0, "a"), 400).await.unwrap(); // 100 tokens
+    let second = c.admit("m", &labels(0, "a"), 400).await.unwrap(); // 100 < 150 left
+    let third = spawn_admit(&c, labels(0, "a"), 400);
+    until(|| queued(&c) == 1).await;
+    assert_eq!(c.status()[0].reserved_tokens, 200);
+    drop(first);
+    // The dispatcher is woken by the release; 100 reserved < 150 free.
+    let third = third.await.unwrap().unwrap();
+    assert!(third.waited > Duration::ZERO);
+    drop((second, third));
+    assert_eq!(c.status()[0].reserved_tokens, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold() {
+    let mut config = FlowControlConfig {
+        enabled: true,
+        max_wait_ms: 60_000,
+        ..FlowControlConfig::default()
+    };
+    let slots = Arc::new(AtomicU64::new(2));
+    let c = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::clone(&slots), 1)),
+        &config,
+    ));
+    let a = c.admit("m", &labels(0, "a"), 40).await.unwrap();
+    let b = c.admit("m", &labels(0, "a"), 40).await.unwrap();
+    let third = spawn_admit(&c, labels(0, "a"), 40);
+    until(|| queued(&c) == 1).await;
+    assert_eq!(c.status()[0].reserved_requests, 2);
+    drop(a);
+    let third = third.await.unwrap().unwrap();
+    drop((b, third));
+    assert_eq!(c.status()[0].reserved_requests, 0);
+
+    // An unknown model (no candidate): routing answers it at once, the queue holds nothing.
+    config.max_queue_requests = 1;
+    let none = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0)),
+        &config,
+    ));
+    for _ in 0..3 {
+        assert!(none.admit("nope", &labels(-1, "a"), 40).await.is_ok());
+    }
+}
