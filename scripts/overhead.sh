@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 CONNS=${2:-8}
-BIN=target/release
+BIN=${BIN:-target/release}
 ENVOY=.venv/bin/envoy
 DIR=$(mktemp -d)
 pids=()

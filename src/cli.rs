@@ -98,7 +98,7 @@ pub struct EnvoyArgs {
     #[arg(long)]
     pub without_kvrouter: bool,
     /// Leave out the response observer filter: less Envoy CPU per request, but kvrouter learns
-    /// no first-byte times or usage from responses (see docs/envoy.md).
+    /// no first-byte times and gets no passive health signal from responses (see docs/envoy.md).
     #[arg(long)]
     pub no_observer: bool,
     /// The tenancy header kvrouter trusts (tenancy.header): removed from every client request,

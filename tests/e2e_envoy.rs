@@ -98,7 +98,7 @@ async fn chat_and_completions_pass_through_envoy_intact() {
     let total: f64 = decisions.iter().map(|s| s.value).sum();
     assert_eq!(total, 5.0, "{decisions:?}");
     // Each request had a picker stream and an observer stream (Envoy's observability-mode
-    // filter) that saw the response to its end.
+    // filter) that watched the response to its first byte.
     let admin = stack.router.admin;
     eventually(
         "observer streams to end",
@@ -404,16 +404,32 @@ async fn original_dst_cluster_routes_on_the_header() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_observer_a_request_counts_until_its_response_ends() {
+async fn a_request_counts_until_its_response_ends_with_or_without_the_observer() {
+    for observe in [false, true] {
+        request_counts_until_its_response_ends(observe).await;
+    }
+}
+
+/// The picker stream lives as long as the request, so the request counts while its response
+/// streams, whether or not the observer filter (which kvrouter closes at the first byte) is in.
+async fn request_counts_until_its_response_ends(observe: bool) {
     use futures::StreamExt as _;
     let stack = Stack::start(StackOptions {
         replicas: 2,
-        observe: false,
+        observe,
         ..StackOptions::default()
     })
     .await;
     let admin = stack.router.admin;
     let in_flight = || metric_sum(admin, "kvrouter_endpoint_in_flight_requests");
+    if observe {
+        // An answered request first: observers are then known to be in use.
+        let r = stack
+            .post("/v1/chat/completions", chat_body(MODEL, "warm", false, 2))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_in_flight_drains(admin).await;
+    }
     let resp = stack
         .client
         .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
@@ -423,8 +439,7 @@ async fn without_the_observer_a_request_counts_until_its_response_ends() {
         .await
         .expect("sent");
     // While fewer than 150 of 200 tokens have arrived the replica is certainly still
-    // generating, so the request must still count (the picker stream lives as long as the
-    // request, even with no observer filter).
+    // generating, so the request must still count.
     let mut body = Vec::new();
     let mut stream = resp.bytes_stream();
     let (mut samples, mut last_bucket) = (0, 0);
@@ -438,7 +453,7 @@ async fn without_the_observer_a_request_counts_until_its_response_ends() {
             assert_eq!(
                 in_flight().await,
                 1.0,
-                "released with {tokens} of 200 tokens sent"
+                "released with {tokens} of 200 tokens sent (observer: {observe})"
             );
             samples += 1;
         }

@@ -46,17 +46,18 @@ pub enum Slot {
 
 fn wrap(slot: Slot, common: CommonResponse) -> processing_response::Response {
     use processing_response::Response as R;
-    let headers = || HeadersResponse {
-        response: Some(common.clone()),
-    };
-    let body = || BodyResponse {
-        response: Some(common.clone()),
+    let headers = HeadersResponse {
+        response: Some(common),
     };
     match slot {
-        Slot::RequestHeaders => R::RequestHeaders(headers()),
-        Slot::ResponseHeaders => R::ResponseHeaders(headers()),
-        Slot::RequestBody => R::RequestBody(body()),
-        Slot::ResponseBody => R::ResponseBody(body()),
+        Slot::RequestHeaders => R::RequestHeaders(headers),
+        Slot::ResponseHeaders => R::ResponseHeaders(headers),
+        Slot::RequestBody => R::RequestBody(BodyResponse {
+            response: headers.response,
+        }),
+        Slot::ResponseBody => R::ResponseBody(BodyResponse {
+            response: headers.response,
+        }),
         Slot::RequestTrailers => R::RequestTrailers(TrailersResponse::default()),
         Slot::ResponseTrailers => R::ResponseTrailers(TrailersResponse::default()),
     }
@@ -147,22 +148,22 @@ pub fn pick_id(metadata: Option<&Metadata>) -> Option<u64> {
     }
 }
 
-/// Echoes one request body chunk in full-duplex streamed mode.
-pub fn streamed_request_body(chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
+/// Echoes one request body chunk in full-duplex streamed mode (moved, not copied).
+pub fn streamed_request_body(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     streamed_body(Slot::RequestBody, chunk, end_of_stream)
 }
 
-/// Echoes one response body chunk in full-duplex streamed mode.
-pub fn streamed_response_body(chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
+/// Echoes one response body chunk in full-duplex streamed mode (moved, not copied).
+pub fn streamed_response_body(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     streamed_body(Slot::ResponseBody, chunk, end_of_stream)
 }
 
-fn streamed_body(slot: Slot, chunk: &[u8], end_of_stream: bool) -> ProcessingResponse {
+fn streamed_body(slot: Slot, body: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     let common = CommonResponse {
         body_mutation: Some(BodyMutation {
             mutation: Some(body_mutation::Mutation::StreamedResponse(
                 StreamedBodyResponse {
-                    body: chunk.to_vec(),
+                    body,
                     end_of_stream,
                     ..Default::default()
                 },
@@ -262,6 +263,30 @@ pub fn attribute_u64(attributes: &HashMap<String, Struct>, key: &str) -> Option<
             Some(Kind::StringValue(s)) => s.trim().parse().ok(),
             _ => None,
         })
+}
+
+/// The value of request header `name` (lowercase), sent as the request attribute
+/// `request.headers['<name>']` by an Envoy configured to skip the request headers
+/// (`request_attributes: ["request.headers['<name>']"]`); `None` when it was not sent.
+pub fn header_attribute<'a>(
+    attributes: &'a HashMap<String, Struct>,
+    name: &str,
+) -> Option<&'a str> {
+    attributes
+        .values()
+        .flat_map(|s| s.fields.iter())
+        .find(|(key, _)| attribute_names_header(key, name))
+        .and_then(|(_, v)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
+/// Whether attribute key `key` is `request.headers['<name>']`, without building it.
+fn attribute_names_header(key: &str, name: &str) -> bool {
+    key.strip_prefix("request.headers['")
+        .and_then(|rest| rest.strip_suffix("']"))
+        .is_some_and(|header| header == name)
 }
 
 /// How many upstream attempts Envoy made for the request (`upstream.request_attempt_count`,

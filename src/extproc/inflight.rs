@@ -1,16 +1,26 @@
 //! Requests routed but not yet finished, by pick id: the hand-off between the stream that picked
-//! an endpoint and the stream that sees the response.
+//! an endpoint and the stream that watches its response.
 //!
-//! With Envoy's recommended set-up the picker filter's stream ends with the request, and a second
-//! ext_proc filter in observability mode (which never holds up the response) reports the
-//! response on a stream of its own. The picker parks its request's ticket here under a pick id
-//! it also writes into `kvrouter` dynamic metadata; the observer stream receives that metadata
-//! and takes the ticket. When the response ends, or the observer stream goes away (client
-//! gone), the ticket drops, and with it whatever it holds. If no observer ever claims it
-//! (observer filter not configured, or lost), the picker drops it at its own stream end, and a
-//! sweep drops anything older than the request time limit, so no count can leak.
+//! With Envoy's recommended set-up two ext_proc filters see each request. The picker's stream
+//! lives exactly as long as the HTTP request (Envoy closes it when the request ends), so its end
+//! is the response's end. A second filter in observability mode (which never holds up the
+//! response) reports the response's status, served endpoint and first body byte on a stream of
+//! its own, which kvrouter closes as soon as it has seen the first byte: the rest of the body
+//! (every token of a stream) never crosses to the router.
 //!
-//! The table does not look inside what it parks: it only keeps, hands over and drops.
+//! The picker parks its request's ticket here under a pick id it also writes into `kvrouter`
+//! dynamic metadata. The observer applies what it reads to the parked ticket in place
+//! ([`InflightTable::update`]). The ticket is released by whichever of the two is done last:
+//! - the picker's stream ends ([`InflightTable::picker_ended`]): released at once if the observer
+//!   is done (or no observer is in use), else kept for the observer for at most a grace period
+//!   (on a short response the picker's end can overtake the observer's messages);
+//! - the observer is done ([`InflightTable::observer_done`]: first byte seen, response ended, or
+//!   its stream gone): released if the picker has ended, else it waits for the picker.
+//!
+//! The sweeper releases tickets whose grace ran out and anything older than the request time
+//! limit, so no count can leak. The table does not look inside what it parks: it only keeps,
+//! lends, hands over and drops (dropping happens outside its locks: a ticket's drop does
+//! accounting of its own).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,12 +30,28 @@ use parking_lot::Mutex;
 
 const SHARDS: usize = 16;
 
+/// How long a ticket whose picker stream ended waits for the observer's report.
+pub const OBSERVER_GRACE: Duration = Duration::from_secs(1);
+
+/// How long after the last observer report we still expect observers to come.
+const OBSERVER_RECENT: Duration = Duration::from_secs(120);
+
+#[derive(Debug)]
+struct Parked<T> {
+    value: T,
+    parked_at: Instant,
+    /// When the picker's stream ended, if it has.
+    picker_ended_at: Option<Instant>,
+    /// The observer has seen what it watches for (or its stream is gone).
+    observed: bool,
+}
+
 /// The hand-off table of parked `T`s (the router's tickets), by pick id.
 #[derive(Debug)]
 pub struct InflightTable<T> {
-    shards: [Mutex<HashMap<u64, (T, Instant)>>; SHARDS],
+    shards: [Mutex<HashMap<u64, Parked<T>>>; SHARDS],
     next_id: AtomicU64,
-    /// Milliseconds since `epoch` when an observer stream last claimed an entry (0: never).
+    /// Milliseconds since `epoch` when an observer stream last reported (0: never).
     observer_seen_ms: AtomicU64,
     epoch: Instant,
 }
@@ -46,11 +72,8 @@ impl<T> Default for InflightTable<T> {
     }
 }
 
-/// How long after the last observer claim we still expect observers to come.
-const OBSERVER_RECENT: Duration = Duration::from_secs(120);
-
 impl<T> InflightTable<T> {
-    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, (T, Instant)>> {
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Parked<T>>> {
         &self.shards[(id as usize) % SHARDS]
     }
 
@@ -59,26 +82,67 @@ impl<T> InflightTable<T> {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Parks `parked` under `id`.
-    pub fn insert(&self, id: u64, parked: T) {
-        self.shard(id).lock().insert(id, (parked, Instant::now()));
+    /// Parks `value` under `id`.
+    pub fn insert(&self, id: u64, value: T) {
+        let parked = Parked {
+            value,
+            parked_at: Instant::now(),
+            picker_ended_at: None,
+            observed: false,
+        };
+        self.shard(id).lock().insert(id, parked);
     }
 
-    /// Removes and returns the entry for `id`.
+    /// Removes and returns the entry for `id`, whoever else still expects it (a picker that
+    /// watches its own response takes its ticket back).
     pub fn take(&self, id: u64) -> Option<T> {
-        self.shard(id).lock().remove(&id).map(|(t, _)| t)
+        self.shard(id).lock().remove(&id).map(|p| p.value)
     }
 
-    /// Like [`Self::take`], from an observer stream: also records that observers are active
-    /// (even when the entry is gone, e.g. released by a picker that did not know yet).
-    pub fn claim(&self, id: u64) -> Option<T> {
+    /// Runs `f` on the entry for `id` in place, from an observer stream (also recording that
+    /// observers are in use); `None` if it is gone. `f` runs under a shard lock: keep it short.
+    pub fn update<R>(&self, id: u64, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.saw_observer();
+        self.shard(id).lock().get_mut(&id).map(|p| f(&mut p.value))
+    }
+
+    /// The observer of `id` is done: returns the entry for the caller to drop if the picker's
+    /// stream has ended too.
+    pub fn observer_done(&self, id: u64) -> Option<T> {
+        self.saw_observer();
+        let mut shard = self.shard(id).lock();
+        let parked = shard.get_mut(&id)?;
+        if parked.picker_ended_at.is_some() {
+            return shard.remove(&id).map(|p| p.value);
+        }
+        parked.observed = true;
+        None
+    }
+
+    /// The picker's stream of `id` ended (the HTTP request is over): returns the entry for the
+    /// caller to drop if the observer is done or none is in use; otherwise it waits for the
+    /// observer for at most [`OBSERVER_GRACE`].
+    pub fn picker_ended(&self, id: u64) -> Option<T> {
+        let observers = self.observers_active();
+        let mut shard = self.shard(id).lock();
+        let parked = shard.get_mut(&id)?;
+        if parked.observed || !observers {
+            return shard.remove(&id).map(|p| p.value);
+        }
+        parked.picker_ended_at = Some(Instant::now());
+        None
+    }
+
+    fn saw_observer(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
-        self.observer_seen_ms.store(ms.max(1), Ordering::Relaxed);
-        self.take(id)
+        // Relaxed and racy on purpose: any recent value will do.
+        if self.observer_seen_ms.load(Ordering::Relaxed) != ms.max(1) {
+            self.observer_seen_ms.store(ms.max(1), Ordering::Relaxed);
+        }
     }
 
-    /// Whether an observer stream has claimed an entry recently, i.e. whether a picker stream
-    /// that ends before the response should leave its entry for an observer.
+    /// Whether an observer stream has reported recently, i.e. whether a picker stream that
+    /// ends first should leave its entry for an observer.
     pub fn observers_active(&self) -> bool {
         let seen = self.observer_seen_ms.load(Ordering::Relaxed);
         seen != 0
@@ -86,25 +150,34 @@ impl<T> InflightTable<T> {
                 <= OBSERVER_RECENT.as_millis() as u64
     }
 
-    /// Drops entries parked longer than `max_age`; returns how many.
-    pub fn sweep(&self, max_age: Duration) -> usize {
+    /// Drops entries parked longer than `max_age`, and those whose picker ended more than
+    /// `grace` ago without an observer report; returns how many.
+    pub fn sweep(&self, max_age: Duration, grace: Duration) -> usize {
         let now = Instant::now();
+        let expired = |p: &Parked<T>| {
+            now.duration_since(p.parked_at) >= max_age
+                || p.picker_ended_at
+                    .is_some_and(|at| now.duration_since(at) >= grace)
+        };
         let mut released = 0;
         for shard in &self.shards {
             // Dropped after the lock is released: dropping a ticket does accounting of its own.
-            let expired: Vec<T> = {
+            let gone: Vec<T> = {
                 let mut map = shard.lock();
+                if !map.values().any(expired) {
+                    continue;
+                }
                 let ids: Vec<u64> = map
                     .iter()
-                    .filter(|(_, (_, parked))| now.duration_since(*parked) >= max_age)
+                    .filter(|(_, p)| expired(p))
                     .map(|(&id, _)| id)
                     .collect();
                 ids.iter()
                     .filter_map(|id| map.remove(id))
-                    .map(|(t, _)| t)
+                    .map(|p| p.value)
                     .collect()
             };
-            released += expired.len();
+            released += gone.len();
         }
         released
     }
@@ -131,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn handoff_take_claim_and_sweep() {
+    fn the_last_of_picker_and_observer_releases() {
         let live = Arc::new(());
         let in_flight = || Arc::strong_count(&live) - 1;
         let table = InflightTable::default();
@@ -140,15 +213,47 @@ mod tests {
         table.insert(a, parked(&live));
         table.insert(b, parked(&live));
         assert_eq!(in_flight(), 2);
+        // No observer seen yet: the picker's end releases at once.
         assert!(!table.observers_active());
-        let claimed = table.claim(a).expect("parked");
-        assert!(table.observers_active());
-        assert!(table.claim(a).is_none(), "claimed once");
-        drop(claimed);
+        drop(table.picker_ended(a));
         assert_eq!(in_flight(), 1);
-        assert_eq!(table.sweep(Duration::from_secs(60)), 0);
-        assert_eq!(table.sweep(Duration::ZERO), 1);
+        // Observer first (a long response): it reports, then the picker's end releases.
+        assert_eq!(table.update(b, |_| 7), Some(7));
+        assert!(table.observers_active());
+        assert!(table.observer_done(b).is_none(), "the request still runs");
+        assert_eq!(in_flight(), 1);
+        drop(table.picker_ended(b));
+        assert_eq!(in_flight(), 0);
+        // Picker first (a short response overtaken by the picker's end): the observer releases.
+        let c = table.next_id();
+        table.insert(c, parked(&live));
+        assert!(table.picker_ended(c).is_none(), "waits for the observer");
+        assert_eq!(
+            table.update(c, |_| ()),
+            Some(()),
+            "still there to report on"
+        );
+        drop(table.observer_done(c));
         assert_eq!(in_flight(), 0);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn sweep_releases_after_the_grace_or_the_age_limit() {
+        let live = Arc::new(());
+        let in_flight = || Arc::strong_count(&live) - 1;
+        let table = InflightTable::default();
+        table.update(0, |_| ()); // observers in use
+        let (a, b) = (table.next_id(), table.next_id());
+        table.insert(a, parked(&live));
+        table.insert(b, parked(&live));
+        assert!(table.picker_ended(a).is_none());
+        let hour = Duration::from_secs(3600);
+        assert_eq!(table.sweep(hour, hour), 0);
+        assert_eq!(table.sweep(hour, Duration::ZERO), 1, "the grace ran out");
+        assert_eq!(in_flight(), 1);
+        assert_eq!(table.sweep(Duration::ZERO, hour), 1, "too old");
+        assert_eq!(in_flight(), 0);
+        assert!(table.take(b).is_none());
     }
 }

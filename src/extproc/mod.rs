@@ -1,44 +1,41 @@
-//! The Envoy `ExternalProcessor` gRPC service: one task per stream drives a [`stream::Stream`]
-//! and forwards its replies. Errors become Envoy responses here and nowhere else.
+//! The Envoy `ExternalProcessor` gRPC service: each stream is a [`stream::Stream`] driven by
+//! tonic polling its replies. Errors become Envoy responses here and nowhere else.
 //!
 //! This module translates between Envoy's messages and the router: it asks the router for a
 //! snapshot and a decision, parks the decision's ticket until the response shows up, and hands
 //! the ticket the facts it reads off the response. It scores nothing and writes no table.
+//!
+//! A stream is served without a task or channel of its own: the reply stream tonic polls reads
+//! Envoy's next message and runs the stream's state machine inline, so a message costs one
+//! task wake-up (tonic's), not three.
 
 mod budget;
 mod envoy;
 pub mod inflight;
-mod observe;
 mod reject;
 mod salt;
 pub mod stream;
 #[cfg(test)]
 mod stream_tests;
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use futures::Stream as FuturesStream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-
-pub use observe::Usage;
 
 use crate::router::{Router, Ticket};
 use crate::telemetry::Metrics;
 use inflight::InflightTable;
 
-/// How often parked tickets are checked against the request time limit.
-const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Replies buffered per stream before the stream task waits for Envoy to read them. A full
-/// duplex body echo sends one reply per received chunk, so this only bounds memory.
-const REPLY_BUFFER: usize = 32;
+/// How often parked tickets are checked against the observer grace and the request time limit.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The ext_proc service.
 #[derive(Debug, Clone)]
@@ -59,19 +56,21 @@ impl ExtProc {
         }
     }
 
-    /// Drops, every 10 s, parked tickets older than `max_age` (a response never
-    /// seen: no observer filter, or one that lost the stream), until aborted.
-    pub fn spawn_sweeper(&self, max_age: std::time::Duration) -> tokio::task::JoinHandle<()> {
+    /// Drops, every 250 ms, parked tickets older than `max_age` (a response never seen to its
+    /// end) and those whose picker stream ended more than [`inflight::OBSERVER_GRACE`] ago
+    /// without the observer's report (a request that never got a response), until aborted.
+    pub fn spawn_sweeper(&self, max_age: Duration) -> tokio::task::JoinHandle<()> {
         let table = Arc::clone(&self.table);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let released = table.sweep(max_age);
+                let released = table.sweep(max_age, inflight::OBSERVER_GRACE);
                 if released > 0 {
-                    tracing::warn!(
+                    tracing::debug!(
                         released,
-                        "released in-flight records whose response was never seen"
+                        "released in-flight records whose response was never reported"
                     );
                 }
             }
@@ -97,58 +96,63 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(REPLY_BUFFER);
-        let stream = stream::Stream::new(
-            Arc::clone(&self.router),
-            Arc::clone(&self.table),
-            Arc::clone(&self.metrics),
-        );
-        tokio::spawn(drive(Arc::clone(&self.metrics), stream, inbound, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let session = Session {
+            stream: stream::Stream::new(
+                Arc::clone(&self.router),
+                Arc::clone(&self.table),
+                Arc::clone(&self.metrics),
+            ),
+            inbound: request.into_inner(),
+            replies: VecDeque::new(),
+            metrics: Arc::clone(&self.metrics),
+        };
+        self.metrics.stream_opened();
+        Ok(Response::new(Box::pin(futures::stream::unfold(
+            session,
+            Session::next,
+        ))))
     }
 }
 
-/// Runs one stream to its end. Envoy resetting the stream at the end of a request is normal and
-/// simply ends the loop; the stream state's drop releases anything still held.
-async fn drive(
+/// One stream being served: Envoy's messages in, our replies out, driven by tonic polling the
+/// reply stream. Envoy resetting the stream at the end of a request is normal and simply ends
+/// it; dropping the session (stream ended, or Envoy gone) drops the stream state, which
+/// releases anything still held, and counts the stream's end.
+struct Session {
+    stream: stream::Stream,
+    inbound: Streaming<ProcessingRequest>,
+    /// Replies produced but not yet taken (a full-duplex echo produces one per body chunk).
+    replies: VecDeque<ProcessingResponse>,
     metrics: Arc<Metrics>,
-    mut stream: stream::Stream,
-    mut inbound: Streaming<ProcessingRequest>,
-    tx: mpsc::Sender<Result<ProcessingResponse, Status>>,
-) {
-    metrics.stream_opened();
-    'messages: loop {
-        let msg = tokio::select! {
-            msg = inbound.message() => msg,
-            // Envoy stopped reading our replies: the HTTP stream is gone.
-            _ = tx.closed() => break,
-        };
-        match msg {
-            Ok(Some(msg)) => {
-                let replies = tokio::select! {
-                    replies = stream.on_message(msg) => replies,
-                    // Gone while the request waited (admission queue, tokenizing): dropping
-                    // the message's future leaves the queue and releases what it held.
-                    _ = tx.closed() => break,
-                };
-                for reply in replies {
-                    if tx.send(Ok(reply)).await.is_err() {
-                        break 'messages;
-                    }
-                }
-                if stream.is_finished() {
-                    break;
-                }
+}
+
+impl Session {
+    /// The next reply, reading and handling Envoy's messages until there is one; `None` ends
+    /// the stream from our side (nothing more expected, or Envoy ended it).
+    async fn next(mut self) -> Option<(Result<ProcessingResponse, Status>, Session)> {
+        loop {
+            if let Some(reply) = self.replies.pop_front() {
+                return Some((Ok(reply), self));
             }
-            Ok(None) => break,
-            Err(status) => {
-                tracing::trace!(%status, "ext_proc stream ended by Envoy");
-                break;
+            if self.stream.is_finished() {
+                return None;
+            }
+            match self.inbound.message().await {
+                Ok(Some(msg)) => self.replies.extend(self.stream.on_message(msg).await),
+                Ok(None) => return None,
+                Err(status) => {
+                    tracing::trace!(%status, "ext_proc stream ended by Envoy");
+                    return None;
+                }
             }
         }
     }
-    metrics.stream_closed(stream.outcome().as_str());
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.metrics.stream_closed(self.stream.outcome().as_str());
+    }
 }
 
 /// What the caller serves beside the ext_proc service on its port: other gRPC services (the

@@ -1,22 +1,25 @@
 //! One ext_proc stream as a typed sequence of phases.
 //!
-//! A stream is either a *picker* (it starts with request headers) or an *observer* (it starts
-//! with response headers: Envoy's second, observability-mode filter). A picker may also see the
-//! response itself when Envoy is configured with a single filter.
+//! A stream is either a *picker* (it starts with the request's headers or, when Envoy skips
+//! them, with its body) or an *observer* (it starts with the response: Envoy's second,
+//! observability-mode filter). A picker may also see the response itself when Envoy is
+//! configured with a single filter.
 //!
 //! ```text
-//! picker:   Start --headers--> RequestBody --body end / trailers--> Picked --(response)--> Responding --end--> Finished
+//! picker:   Start --headers--> RequestBody --body end / trailers--> Picked --(own response)--> Responding --end--> Finished
+//!             \--(body first: headers skipped)--> RequestBody
 //!             \--(no body)--------------------------------------> Picked
-//! observer: Start --response headers--> Responding --end--> Finished
+//! observer: Start --response headers or first chunk--> Responding --first byte / end--> Finished
 //! any phase --immediate response--> Finished
 //! ```
 //!
 //! The body modes differ only in when the routing decision is written back:
+//! - `BUFFERED` (default): the headers get an immediate CONTINUE; the whole body arrives in one
+//!   message and the reply to it carries the destination. (An Envoy configured to skip the
+//!   headers sends the path, request id and tenant header as request attributes with the body.)
 //! - `FULL_DUPLEX_STREAMED`: Envoy streams body chunks while it waits for the headers response,
 //!   and picks the upstream host right after it. The headers response is held until the body has
 //!   ended, then sent with the destination, followed by every chunk echoed back in order.
-//! - `BUFFERED`: the headers get an immediate CONTINUE; the whole body arrives in one message and
-//!   the reply to it carries the destination.
 //! - `STREAMED` / `NONE` / `GRPC`: the host is picked before the body is seen, so the request is
 //!   not routed here (CONTINUE everywhere); Envoy's fallback serves it. Logged once.
 //!
@@ -25,11 +28,15 @@
 //! of a rejection all come from it.
 //!
 //! A routed request's [`Ticket`] is parked in the [`InflightTable`] under a pick id that is also
-//! written to `kvrouter` dynamic metadata; whichever stream sees the response claims it. This
-//! module only reads facts off Envoy's messages (status, served endpoint, attempts, first
-//! byte) and hands them to the ticket, which applies them on the router's side; dropping the
-//! ticket (response end, stream gone) releases the endpoint's load exactly once.
+//! written to `kvrouter` dynamic metadata. The observer stream applies what it reads (status,
+//! served endpoint, attempts, first byte) to the parked ticket and is done at the first body
+//! byte: the stream is closed from our side then, so Envoy sends none of the rest of the body.
+//! The picker stream ends with the HTTP request, which is the response's end; whichever of the
+//! two finishes last drops the ticket, releasing the endpoint's load exactly once (see
+//! [`InflightTable`]). This module only reads facts off Envoy's messages; the ticket applies them
+//! on the router's side.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,7 +50,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use super::budget;
 use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
-use super::observe::ResponseObserver;
 use super::reject::Rejection;
 use super::salt;
 use crate::flow;
@@ -56,7 +62,8 @@ use crate::telemetry::Metrics;
 pub enum Outcome {
     /// A picker stream routed its request and ended (the response is observed elsewhere).
     Routed,
-    /// A response was seen to its end.
+    /// A response was seen as far as it is watched: to its first body byte on an observer
+    /// stream, to its end on a picker that sees its own response.
     Complete,
     /// We answered with an immediate response.
     Immediate,
@@ -89,18 +96,76 @@ struct Pending {
     tenant: Option<String>,
     /// Its place in the admission queue (priority, flow).
     flow: flow::Labels,
-    request_id: String,
-    body: Vec<u8>,
-    /// `body`'s share of the process-wide buffered-body budget.
+    /// The body as Envoy sent it: each chunk moved out of its message, kept with its original
+    /// boundaries to echo in full-duplex mode.
+    chunks: Vec<Vec<u8>>,
+    /// Total bytes in `chunks`.
+    len: usize,
+    /// The body's share of the process-wide buffered-body budget.
     held: budget::HeldBody,
-    /// End offset of each received chunk, to echo chunks back with their original boundaries.
-    chunk_ends: Vec<usize>,
 }
 
-/// A response being watched; owns the request's ticket if it was routed by us.
+impl Pending {
+    /// The whole body: borrowed when it came in one chunk (BUFFERED always), else joined.
+    fn body(&self) -> Cow<'_, [u8]> {
+        match self.chunks.as_slice() {
+            [] => Cow::Borrowed(&[]),
+            [one] => Cow::Borrowed(one),
+            many => Cow::Owned(many.concat()),
+        }
+    }
+
+    /// Tenancy: puts the tenant's `cache_salt` into the body (chunk boundaries kept). True when
+    /// the body changed.
+    fn salt(&mut self) -> Result<bool, Rejection> {
+        if self.chunks.is_empty() {
+            return Ok(false);
+        }
+        let mut body = self.body().into_owned();
+        let mut ends: Vec<usize> = self
+            .chunks
+            .iter()
+            .scan(0, |end, c| {
+                *end += c.len();
+                Some(*end)
+            })
+            .collect();
+        if !salt::salt_request(
+            &self.state.tenants,
+            self.tenant.as_deref(),
+            &mut body,
+            &mut ends,
+        )? {
+            return Ok(false);
+        }
+        let mut start = 0;
+        self.chunks = ends
+            .iter()
+            .map(|&end| {
+                let chunk = body[start..end].to_vec();
+                start = end;
+                chunk
+            })
+            .collect();
+        self.len = body.len();
+        Ok(true)
+    }
+}
+
+/// Whose ticket a response being watched reports to.
+enum Claim {
+    /// Nobody's: not routed by us, or the pick id is unknown.
+    None,
+    /// The picker's own ticket (single-filter set-up), held until the response ends.
+    Owned(Ticket),
+    /// A ticket parked by the picker stream, reported to in place.
+    Parked(u64),
+}
+
+/// A response being watched.
 struct Responding {
-    ticket: Option<Ticket>,
-    observer: ResponseObserver,
+    claim: Claim,
+    first_byte_at: Option<Instant>,
 }
 
 enum Phase {
@@ -140,6 +205,12 @@ fn slow_decisions() -> &'static tokio::sync::Semaphore {
     })
 }
 
+/// The request id as logged: at most 64 characters of what the client or Envoy sent.
+fn request_id(id: Option<&str>) -> String {
+    id.map(|id| id.chars().take(64).collect())
+        .unwrap_or_default()
+}
+
 impl Stream {
     /// A new stream routed by `router`, parking tickets in `table`, counting in `metrics`.
     pub fn new(
@@ -173,8 +244,7 @@ impl Stream {
     }
 
     /// True once nothing more is expected: the stream can be closed from our side, which frees
-    /// Envoy's stream at once (an observability-mode stream would otherwise linger for Envoy's
-    /// `deferred_close_timeout`).
+    /// Envoy's stream at once (and tells an observability-mode filter to send nothing more).
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Finished)
     }
@@ -197,7 +267,7 @@ impl Stream {
             Request::RequestBody(b) => self.on_request_body(b, &msg).await,
             Request::RequestTrailers(_) => self.on_request_trailers().await,
             Request::ResponseHeaders(h) => vec![self.on_response_headers(h, &msg)],
-            Request::ResponseBody(b) => vec![self.on_response_body(b)],
+            Request::ResponseBody(b) => vec![self.on_response_body(b, &msg)],
             Request::ResponseTrailers(_) => {
                 self.finish(Outcome::Complete);
                 vec![envoy::continue_(Slot::ResponseTrailers)]
@@ -220,9 +290,7 @@ impl Stream {
             return vec![envoy::continue_(Slot::RequestHeaders)];
         }
         let headers = h.headers.as_ref();
-        self.request_id = envoy::header_str(headers, "x-request-id")
-            .map(|id| id.chars().take(64).collect())
-            .unwrap_or_default();
+        self.request_id = request_id(envoy::header_str(headers, "x-request-id"));
         let path = envoy::header_str(headers, ":path").unwrap_or("");
         let state = self.router.snapshot();
         let tenant = state
@@ -239,10 +307,9 @@ impl Stream {
             subset: envoy::subset_hint(msg.metadata_context.as_ref()),
             tenant,
             flow,
-            request_id: self.request_id.clone(),
-            body: Vec::new(),
+            chunks: Vec::new(),
+            len: 0,
             held: Default::default(),
-            chunk_ends: Vec::new(),
         };
         if h.end_of_stream {
             // No body (GET /v1/models, /health): any endpoint serving anything will do.
@@ -280,22 +347,29 @@ impl Stream {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
         if matches!(self.phase, Phase::Start) && !full_duplex {
             // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
-            // path and request id come as request attributes with the body.
-            let path = envoy::attribute_str(&msg.attributes, "request.path").unwrap_or("");
-            self.request_id = envoy::attribute_str(&msg.attributes, "request.id")
-                .map(|id| id.chars().take(64).collect())
-                .unwrap_or_default();
+            // path, request id and tenant header come as request attributes with the body.
+            let attributes = &msg.attributes;
+            let path = envoy::attribute_str(attributes, "request.path").unwrap_or("");
+            self.request_id = request_id(envoy::attribute_str(attributes, "request.id"));
             let state = self.router.snapshot();
+            let tenant = state
+                .tenants
+                .header()
+                .and_then(|name| envoy::header_attribute(attributes, name))
+                .map(str::to_string);
             self.phase = Phase::RequestBody(Pending {
-                flow: flow::Labels::from_headers(&state.config.flow_control, None, |_| None),
+                flow: flow::Labels::from_headers(
+                    &state.config.flow_control,
+                    tenant.as_deref(),
+                    |name| envoy::header_attribute(attributes, name),
+                ),
                 state,
                 api: ApiKind::from_path(path),
                 subset: envoy::subset_hint(msg.metadata_context.as_ref()),
-                tenant: None,
-                request_id: self.request_id.clone(),
-                body: Vec::new(),
+                tenant,
+                chunks: Vec::new(),
+                len: 0,
                 held: Default::default(),
-                chunk_ends: Vec::new(),
             });
         }
         let pending = match &mut self.phase {
@@ -303,7 +377,7 @@ impl Stream {
             Phase::Picked { id: None } => {
                 // Unrouted: chunks pass through.
                 return vec![if full_duplex {
-                    envoy::streamed_request_body(&b.body, b.end_of_stream)
+                    envoy::streamed_request_body(b.body, b.end_of_stream)
                 } else {
                     envoy::continue_(Slot::RequestBody)
                 }];
@@ -315,7 +389,7 @@ impl Stream {
         };
         let routing = &pending.state.config.routing;
         let (limit, retry_after) = (routing.max_body_bytes, routing.retry_after_s);
-        if pending.body.len() + b.body.len() > limit {
+        if pending.len + b.body.len() > limit {
             return self.reject(Rejection::too_large(limit), retry_after);
         }
         if !pending
@@ -324,8 +398,10 @@ impl Stream {
         {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }
-        pending.body.extend_from_slice(&b.body);
-        pending.chunk_ends.push(pending.body.len());
+        pending.len += b.body.len();
+        if !b.body.is_empty() || full_duplex {
+            pending.chunks.push(b.body);
+        }
         if b.end_of_stream {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
@@ -367,56 +443,65 @@ impl Stream {
     ) -> Vec<ProcessingResponse> {
         // Flow control: wait here (cancellable: the stream dropping this future leaves the
         // queue) until a candidate has room; the permit is held until the decision commits.
-        let admission = self
-            .router
-            .admission()
-            .admit_request(&pending.flow, &pending.body);
-        let _permit = match admission.await {
-            Ok(permit) => permit,
-            Err(shed) => return self.reject(Rejection::from(shed), shed.retry_after_s),
+        let admission = self.router.admission();
+        let _permit = if admission.enabled() {
+            let body = pending.body();
+            match admission.admit_request(&pending.flow, &body).await {
+                Ok(permit) => Some(permit),
+                Err(shed) => return self.reject(Rejection::from(shed), shed.retry_after_s),
+            }
+        } else {
+            None
         };
-        let router = Arc::clone(&self.router);
         let retry_after = pending.state.config.routing.retry_after_s;
-        let (mut pending, result) = if pending.state.decides_slowly(pending.body.len()) {
-            // At most a few tokenizations at once, so a burst queues here (asynchronously)
+        let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
+            // At most a few slow decisions at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
             let _permit = slow_decisions().acquire().await;
+            let router = Arc::clone(&self.router);
+            let request_id = self.request_id.clone();
+            let abandoned = Abandoned::default();
+            let gone = Arc::clone(&abandoned.0);
             let joined = tokio::task::spawn_blocking(move || {
-                let result = decide_guarded(&router, &pending);
+                // Envoy may have given up on the request while it queued for a blocking thread
+                // (client gone, message timeout): then the stream's future was dropped, and
+                // tokenizing would only take a core from live requests.
+                if gone.load(Ordering::Relaxed) {
+                    tracing::debug!(request_id = %request_id, "abandoned before deciding");
+                    return (pending, Ok(None));
+                }
+                let result = decide_guarded(&router, &pending, &request_id);
                 (pending, result)
             })
             .await;
+            drop(abandoned);
             match joined {
                 Ok(pair) => pair,
                 // The runtime is shutting down; the body went with the task.
                 Err(_) => return self.reject(Rejection::internal(), retry_after),
             }
         } else {
-            let result = decide_guarded(&router, &pending);
+            let result = decide_guarded(&self.router, &pending, &self.request_id);
             (pending, result)
         };
 
-        let mut out = Vec::with_capacity(pending.chunk_ends.len() + 2);
+        let echo = slot == Slot::RequestHeaders
+            && self.request_mode == BodySendMode::FullDuplexStreamed
+            && !pending.chunks.is_empty();
+        let mut out = Vec::with_capacity(if echo { pending.chunks.len() + 2 } else { 1 });
         match result {
             Ok(Some(decision)) => {
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
                 let mut reply = envoy::route(slot, header, &decision.destination, id);
                 // Tenancy: the tenant's cache_salt goes into the body the engine receives.
-                let p = &mut pending;
-                match salt::salt_request(
-                    &p.state.tenants,
-                    p.tenant.as_deref(),
-                    &mut p.body,
-                    &mut p.chunk_ends,
-                ) {
+                match pending.salt() {
                     Ok(false) => {}
                     Ok(true) => {
                         // BUFFERED: nothing is echoed afterwards, the body moves into the reply.
-                        let len = p.body.len();
-                        let buffered =
-                            (slot == Slot::RequestBody).then(|| std::mem::take(&mut p.body));
-                        envoy::body_changed(&mut reply, len, buffered);
+                        let buffered = (slot == Slot::RequestBody)
+                            .then(|| std::mem::take(&mut pending.chunks).concat());
+                        envoy::body_changed(&mut reply, pending.len, buffered);
                     }
                     Err(rejection) => return self.reject(rejection, retry_after),
                 }
@@ -441,17 +526,20 @@ impl Stream {
             }
             Err(rejection) => return self.reject(rejection, retry_after),
         }
-        if slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed {
-            let mut start = 0;
-            let last = pending.chunk_ends.len().saturating_sub(1);
-            for (i, &end) in pending.chunk_ends.iter().enumerate() {
-                let eos = i == last && !trailers;
-                out.push(envoy::streamed_request_body(&pending.body[start..end], eos));
-                start = end;
+        if echo {
+            // The chunks go back as they came, moved rather than copied.
+            let last = pending.chunks.len() - 1;
+            for (i, chunk) in pending.chunks.into_iter().enumerate() {
+                out.push(envoy::streamed_request_body(chunk, i == last && !trailers));
             }
             if trailers {
                 out.push(envoy::continue_(Slot::RequestTrailers));
             }
+        } else if slot == Slot::RequestHeaders
+            && self.request_mode == BodySendMode::FullDuplexStreamed
+            && trailers
+        {
+            out.push(envoy::continue_(Slot::RequestTrailers));
         }
         out
     }
@@ -461,32 +549,8 @@ impl Stream {
         h: HttpHeaders,
         msg: &ProcessingRequest,
     ) -> ProcessingResponse {
-        let ticket = match std::mem::replace(&mut self.phase, Phase::Finished) {
-            // The picker sees the response too (single-filter set-up).
-            Phase::Picked { id } => id.and_then(|id| self.table.take(id)),
-            // An observer stream: claim the ticket the picker parked.
-            Phase::Start => {
-                envoy::pick_id(msg.metadata_context.as_ref()).and_then(|id| self.table.claim(id))
-            }
-            // A local reply from Envoy before we routed (e.g. its own 413): nothing to watch.
-            Phase::RequestBody(_) => {
-                self.outcome = Outcome::Cancelled;
-                return envoy::continue_(Slot::ResponseHeaders);
-            }
-            other => {
-                self.phase = other;
-                self.metrics.record_anomaly();
-                return envoy::continue_(Slot::ResponseHeaders);
-            }
-        };
-        let mut r = Responding {
-            ticket,
-            observer: ResponseObserver::default(),
-        };
         let headers = h.headers.as_ref();
         let status = envoy::header_str(headers, ":status").and_then(|s| s.parse().ok());
-        r.observer
-            .on_headers(status, envoy::header_str(headers, "content-type"));
         let facts = ResponseFacts {
             status,
             served: envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
@@ -494,38 +558,103 @@ impl Stream {
             attempts: envoy::attempt_count(&h.attributes)
                 .or_else(|| envoy::attempt_count(&msg.attributes)),
         };
-        if let Some(t) = &mut r.ticket {
-            t.on_response_headers(facts);
-        }
-        if let Some(code) = status {
-            match (&r.ticket, facts.served) {
-                (Some(t), _) => self.metrics.record_upstream_status(t.endpoint(), code),
-                (None, Some(addr)) => self.metrics.record_upstream_status(&addr.to_string(), code),
-                (None, None) => {}
-            }
-        }
-        self.phase = Phase::Responding(r);
-        if h.end_of_stream {
+        if self.begin_response(facts, msg) && h.end_of_stream {
             self.finish(Outcome::Complete);
         }
         envoy::continue_(Slot::ResponseHeaders)
     }
 
-    fn on_response_body(&mut self, b: HttpBody) -> ProcessingResponse {
+    /// Starts watching a response whose headers say `facts`: claims the ticket (the picker's
+    /// own, or the parked one the metadata names) and hands it the facts. False if the message
+    /// did not fit the stream's phase.
+    fn begin_response(&mut self, facts: ResponseFacts, msg: &ProcessingRequest) -> bool {
+        let claim = match std::mem::replace(&mut self.phase, Phase::Finished) {
+            // The picker sees the response too (single-filter set-up).
+            Phase::Picked { id } => match id.and_then(|id| self.table.take(id)) {
+                Some(ticket) => Claim::Owned(ticket),
+                None => Claim::None,
+            },
+            // An observer stream: report to the ticket the picker parked.
+            Phase::Start => match envoy::pick_id(msg.metadata_context.as_ref()) {
+                Some(id) => Claim::Parked(id),
+                None => Claim::None,
+            },
+            // A local reply from Envoy before we routed (e.g. its own 413): nothing to watch.
+            Phase::RequestBody(_) => {
+                self.outcome = Outcome::Cancelled;
+                return false;
+            }
+            other => {
+                self.phase = other;
+                self.metrics.record_anomaly();
+                return false;
+            }
+        };
+        // Hand the facts to the ticket and count the status against the endpoint it now
+        // counts against; without a ticket, against the endpoint Envoy reports.
+        let metrics = &self.metrics;
+        let report = |t: &mut Ticket| {
+            t.on_response_headers(facts);
+            if let Some(code) = facts.status {
+                metrics.record_upstream_status(t.endpoint(), code);
+            }
+        };
+        let mut claim = claim;
+        let reported = match &mut claim {
+            Claim::Owned(t) => {
+                report(t);
+                true
+            }
+            Claim::Parked(id) => self.table.update(*id, report).is_some(),
+            Claim::None => false,
+        };
+        if let (false, Some(code), Some(addr)) = (reported, facts.status, facts.served) {
+            self.metrics.record_upstream_status(&addr.to_string(), code);
+        }
+        self.phase = Phase::Responding(Responding {
+            claim,
+            first_byte_at: None,
+        });
+        true
+    }
+
+    fn on_response_body(&mut self, b: HttpBody, msg: &ProcessingRequest) -> ProcessingResponse {
+        if matches!(self.phase, Phase::Start) {
+            // An observer whose filter skips the response headers: the status and the served
+            // endpoint come as response attributes with the first chunk.
+            let attributes = &msg.attributes;
+            let facts = ResponseFacts {
+                status: envoy::attribute_u64(attributes, "response.code")
+                    .and_then(|c| u16::try_from(c).ok()),
+                served: envoy::served_endpoint(msg.metadata_context.as_ref(), attributes),
+                attempts: envoy::attempt_count(attributes),
+            };
+            self.begin_response(facts, msg);
+        }
+        let (len, end_of_stream) = (b.body.len(), b.end_of_stream);
         let reply = if self.response_mode == BodySendMode::FullDuplexStreamed {
-            envoy::streamed_response_body(&b.body, b.end_of_stream)
+            envoy::streamed_response_body(b.body, end_of_stream)
         } else {
             envoy::continue_(Slot::ResponseBody)
         };
         match &mut self.phase {
             Phase::Responding(r) => {
-                let now = Instant::now();
-                if r.observer.on_body(&b.body, now) {
-                    if let Some(t) = &mut r.ticket {
-                        t.on_first_byte(now);
+                if r.first_byte_at.is_none() && len > 0 {
+                    let now = Instant::now();
+                    r.first_byte_at = Some(now);
+                    match &mut r.claim {
+                        Claim::Owned(t) => t.on_first_byte(now),
+                        Claim::Parked(id) => {
+                            self.table.update(*id, |t| t.on_first_byte(now));
+                        }
+                        Claim::None => {}
                     }
                 }
-                if b.end_of_stream {
+                // An observer has what it watches for at the first byte; a picker watching its
+                // own response holds the ticket until the end.
+                let observer_done =
+                    r.first_byte_at.is_some() && !matches!(r.claim, Claim::Owned(_));
+                if end_of_stream || observer_done {
                     self.finish(Outcome::Complete);
                 }
             }
@@ -549,52 +678,72 @@ impl Stream {
         vec![rejection.into_response(retry_after_s)]
     }
 
-    /// Ends the response: drops the ticket (releasing what it holds) and logs the request's
-    /// figures.
+    /// Stops watching the response: an observer reports it is done (the ticket drops if the
+    /// picker's stream has ended too), a picker watching its own response drops its ticket.
     fn finish(&mut self, outcome: Outcome) {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         self.outcome = outcome;
         if let Phase::Responding(r) = phase {
-            let o = &r.observer;
-            let usage = o.usage();
-            let decided_at = r.ticket.as_ref().map(Ticket::decided_at);
+            self.release(r);
+        }
+    }
+
+    fn release(&self, r: Responding) {
+        let ticket = match r.claim {
+            Claim::Owned(t) => Some(t),
+            Claim::Parked(id) => self.table.observer_done(id),
+            Claim::None => None,
+        };
+        if let Some(t) = &ticket {
             tracing::debug!(
                 request_id = %self.request_id,
-                endpoint = r.ticket.as_ref().map(Ticket::endpoint).unwrap_or("-"),
-                status = o.status.unwrap_or(0),
-                ttft_ms = decided_at.zip(o.first_byte_at).map(|(d, f)| f.duration_since(d).as_secs_f64() * 1e3),
-                body_bytes = o.body_bytes,
-                prompt_tokens = usage.map(|u| u.prompt_tokens),
-                completion_tokens = usage.map(|u| u.completion_tokens),
-                cached_tokens = usage.and_then(|u| u.cached_tokens),
+                endpoint = t.endpoint(),
+                ttft_ms = r.first_byte_at.map(|f| f.saturating_duration_since(t.decided_at()).as_secs_f64() * 1e3),
                 "response complete"
             );
-            // `r` (and the ticket in it) drops here.
         }
+        // `ticket` drops here, outside the table's locks.
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // A picker whose stream ends before the response: leave the ticket for the observer
-        // stream if observers are in use, else release it now (nothing else would).
-        if let Phase::Picked { id: Some(id) } = self.phase {
-            if !self.table.observers_active() {
-                drop(self.table.take(id));
-            }
+        match std::mem::replace(&mut self.phase, Phase::Finished) {
+            // The picker's stream ends with the HTTP request: the response is over. The ticket
+            // drops now unless an observer still has to report to it.
+            Phase::Picked { id: Some(id) } => drop(self.table.picker_ended(id)),
+            // Gone mid-response (client away, Envoy reset): done watching.
+            Phase::Responding(r) => self.release(r),
+            _ => {}
         }
+    }
+}
+
+/// Set when the future deciding a request is dropped before the blocking decision returns: the
+/// stream is gone (Envoy reset it: client gone, message timeout), so the decision is not wanted.
+#[derive(Default)]
+struct Abandoned(Arc<AtomicBool>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
 /// Parses and decides; `Ok(None)` if the router itself failed (a bug), so the caller can fall
 /// back instead of losing the request.
-fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>, Rejection> {
+fn decide_guarded(
+    router: &Router,
+    pending: &Pending,
+    request_id: &str,
+) -> Result<Option<Decision>, Rejection> {
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let parsed = request::parse(pending.api, &pending.body)?;
+        let body = pending.body();
+        let parsed = request::parse(pending.api, &body)?;
         let ctx = RouteContext {
             subset: pending.subset.as_deref(),
             tenant: pending.tenant.as_deref(),
-            request_id: &pending.request_id,
+            request_id,
         };
         router
             .decide(&pending.state, &parsed, ctx)

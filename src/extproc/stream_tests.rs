@@ -72,6 +72,13 @@ impl Fixture {
         Arc::clone(&self.view.snapshot().config)
     }
 
+    /// Marks observer streams as in use (as they are once traffic flows with the observer
+    /// filter): a picker that ends first then leaves its ticket for the observer.
+    fn observers_in_use(&self) {
+        assert!(self.table.update(0, |_| ()).is_none());
+        assert!(self.table.observers_active());
+    }
+
     fn in_flight(&self) -> u64 {
         self.endpoints()
             .all()
@@ -442,10 +449,9 @@ async fn full_duplex_body_over_the_limit_is_rejected_before_it_ends() {
 }
 
 #[tokio::test]
-async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
+async fn the_observer_reports_to_the_first_byte_and_the_pickers_end_releases() {
     let f = Fixture::new();
-    // Warm-up: an observer has been seen (as it is once traffic flows).
-    f.table.claim(0);
+    f.observers_in_use();
     let mut picker = f.stream();
     picker
         .on_message(request_headers(
@@ -456,8 +462,7 @@ async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
         .await;
     let r = picker.on_message(request_body(CHAT.as_bytes(), true)).await;
     let (_, pick) = destination(&r[0]).unwrap();
-    drop(picker);
-    assert_eq!(f.in_flight(), 1, "left for the observer");
+    assert_eq!(f.in_flight(), 1);
 
     let mut observer = f.stream();
     let r = observer
@@ -467,6 +472,7 @@ async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
         })
         .await;
     assert!(r.is_empty(), "observability mode: no replies");
+    assert!(!observer.is_finished());
     assert!(observer
         .on_message(response_body(b"data: {}\n\n", false))
         .await
@@ -478,18 +484,37 @@ async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
         .map(|e| e.load.snapshot().in_flight_prefill_tokens)
         .sum();
     assert_eq!(prefill, 0, "first byte: prefill done");
-    assert_eq!(f.in_flight(), 1);
-    observer
-        .on_message(response_body(b"data: [DONE]\n\n", true))
-        .await;
-    assert_eq!(f.in_flight(), 0);
+    assert!(
+        observer.is_finished(),
+        "done at the first byte: the stream closes and Envoy sends no more of the body"
+    );
     assert_eq!(observer.outcome(), Outcome::Complete);
+    drop(observer);
+    assert_eq!(
+        f.in_flight(),
+        1,
+        "the request still runs while its picker stream lives"
+    );
+    drop(picker);
+    assert_eq!(f.in_flight(), 0, "the picker's end is the request's end");
+}
+
+#[tokio::test]
+async fn a_request_abandoned_before_its_response_is_released_after_the_grace() {
+    let f = Fixture::new();
+    f.observers_in_use();
+    let (_, _pick) = route_one(&f).await;
+    assert_eq!(f.in_flight(), 1, "kept for the observer for a while");
+    let hour = std::time::Duration::from_secs(3600);
+    assert_eq!(f.table.sweep(hour, hour), 0);
+    assert_eq!(f.table.sweep(hour, std::time::Duration::ZERO), 1);
+    assert_eq!(f.in_flight(), 0);
 }
 
 #[tokio::test]
 async fn observer_stream_cancelled_mid_response_releases() {
     let f = Fixture::new();
-    f.table.claim(0);
+    f.observers_in_use();
     let mut picker = f.stream();
     picker
         .on_message(request_headers(
@@ -534,7 +559,7 @@ async fn single_filter_picker_sees_its_own_response() {
 #[tokio::test]
 async fn a_retry_to_a_fallback_moves_the_accounting() {
     let f = Fixture::new();
-    f.table.claim(0);
+    f.observers_in_use();
     let mut picker = f.stream();
     picker
         .on_message(request_headers(
@@ -649,7 +674,7 @@ fn breaker_state(f: &Fixture, addr: &str) -> crate::health::BreakerState {
 #[tokio::test]
 async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
     let f = Fixture::new();
-    f.table.claim(0); // observers are in use
+    f.observers_in_use();
     let threshold = f.config().health.breaker.failure_threshold;
     // Envoy had to retry the pick on the fallback, `threshold` times: the pick is ejected.
     let (dest, pick) = route_one(&f).await;
@@ -727,7 +752,7 @@ async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
 #[tokio::test]
 async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
     let f = Fixture::new();
-    f.table.claim(0);
+    f.observers_in_use();
     let cfg = f.config().health.clone();
     let failures_to_open = cfg.breaker.failure_threshold;
     // The pick is not in Envoy's cluster yet (EDS lag): override_host skips it and the fallback
@@ -792,7 +817,7 @@ async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
 #[tokio::test]
 async fn the_first_byte_teaches_the_picks_residual_but_not_after_a_retry() {
     let f = Fixture::new();
-    f.table.claim(0);
+    f.observers_in_use();
     let cfg = f.config().load.learning.clone();
     let samples = |addr: &str| {
         let ep = f.endpoints().get(&addr.parse().unwrap()).cloned().unwrap();
@@ -880,7 +905,7 @@ proptest! {
                 let _ = s.on_message(m).await;
             }
         });
-        f.table.sweep(std::time::Duration::ZERO);
+        f.table.sweep(std::time::Duration::ZERO, std::time::Duration::ZERO);
         prop_assert_eq!(f.in_flight(), 0);
     }
 }
