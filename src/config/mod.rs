@@ -221,9 +221,9 @@ pub struct ModelConfig {
     /// Work one chat-template render may do, in minijinja fuel (about one unit per template
     /// instruction and per 64 bytes of data it handles). A render that runs out (a pathological
     /// template on a huge conversation) is abandoned and the request is identified by the byte
-    /// estimate (prefix source `bytes`, fallback `work-budget`). Must be > 0. Default 20000000
-    /// (a few hundred ms of rendering at most; a 10,000-message chat with a Qwen3 template uses
-    /// about 5% of it).
+    /// estimate (prefix source `bytes`, fallback `work-budget`). Must be > 0. Default 10000000:
+    /// about a second of rendering at most; a 10,000-message chat with Qwen3's template uses
+    /// 0.6M, a 32 MiB conversation 2.6M (Qwen3) to 2.8M (Llama 3).
     pub template_fuel: u64,
     /// Most bytes a rendered chat prompt may have; a larger one is abandoned for the byte
     /// estimate, as for `template_fuel`. Must be > 0. Default 67108864 (64 MiB, twice the

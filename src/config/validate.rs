@@ -401,7 +401,7 @@ pools:
         let m = &config.models[0];
         assert_eq!(
             (m.template_fuel, m.max_rendered_prompt_bytes),
-            (20_000_000, 64 << 20)
+            (10_000_000, 64 << 20)
         );
     }
 

@@ -112,7 +112,7 @@ pub enum Fallback {
     /// `max_rendered_prompt_bytes` (a valid but huge or pathological conversation).
     WorkBudget,
     /// The request's deadline had passed before its prompt was rendered (e.g. it waited long
-    /// for a tokenizing slot).
+    /// for a tokenizing slot), or before the extra render that places its media.
     Deadline,
     /// Media parts whose position in the rendered prompt could not be found (the template
     /// treats the content specially); the byte chunks keep them in place.

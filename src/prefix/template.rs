@@ -48,7 +48,7 @@ impl Default for RenderLimits {
 }
 
 /// Default of `models[].template_fuel`.
-pub const DEFAULT_TEMPLATE_FUEL: u64 = 20_000_000;
+pub const DEFAULT_TEMPLATE_FUEL: u64 = 10_000_000;
 /// Default of `models[].max_rendered_prompt_bytes`: 64 MiB.
 pub const DEFAULT_MAX_RENDERED_PROMPT_BYTES: usize = 64 << 20;
 

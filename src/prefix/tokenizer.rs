@@ -16,8 +16,8 @@
 //! tokenize differently from the whole).
 //!
 //! **Deadline.** A caller may give a deadline ([`ModelTokenizer::tokenize_chat_until`]): past it
-//! before rendering, nothing is done ([`PrefixError::Deadline`]: the caller uses the byte
-//! identity); past it between two segments, tokenizing stops there and the rest is estimated as
+//! before rendering (or before the media layout's render), nothing more is done
+//! ([`PrefixError::Deadline`]: the caller uses the byte identity); past it between two segments, tokenizing stops there and the rest is estimated as
 //! for the cap, so the request keeps the exact prefix tokenized so far (a prefix of what it would
 //! have had: its leading block hashes still match) and [`PromptTokens::deadline_cut`] says so.
 //!
@@ -230,6 +230,10 @@ impl ModelTokenizer {
         }
         let text = template.render(messages).map_err(template_error)?;
         let media = if messages.iter().any(ChatMessage::has_media) {
+            // The media layout costs a second render: not past the deadline.
+            if past(deadline) {
+                return Err(PrefixError::Deadline);
+            }
             media::locate(template, messages, &text)
                 .map_err(template_error)?
                 .ok_or(PrefixError::MediaLayout)?
