@@ -94,7 +94,7 @@ impl Router {
     fn record(&self, i: usize, hashes: &[u64], confirmed: u32) {
         match &self.events {
             Some(events) => events
-                .record_routed(self.ids[i], hashes, confirmed)
+                .record_routed(self.ids[i], hashes, confirmed, None)
                 .unwrap(),
             None => self.index.insert_predicted(self.ids[i], hashes).unwrap(),
         }
@@ -121,6 +121,7 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
         cfg.kv_events = Some(KvEventsConfig {
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
+            bind: true,
         });
         let (replica, app) = sim_support::start(cfg).await;
         endpoints.push_str(&format!(

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use kvrouter::config::{PolicyConfig, PolicyName};
-use kvrouter::load::LoadSnapshot;
-use kvrouter::policy::{self, CandidateView, EngineLoad, RequestView};
+use kvrouter::policy::{self, CandidateView, EngineLoad, RequestView, RouterLoad};
 
 /// The policies measured, by config name.
 const POLICIES: &[PolicyName] = &PolicyName::ALL;
@@ -27,11 +26,10 @@ fn candidates(n: usize) -> Vec<CandidateView> {
             CandidateView {
                 address: SocketAddr::from(([10, 0, (i / 250) as u8, (i % 250) as u8 + 1], 8000)),
                 weight: 1.0 + (h % 3) as f64,
-                load: LoadSnapshot {
+                load: RouterLoad {
                     in_flight_requests: h % 32,
                     in_flight_prefill_tokens: (h >> 5) % 65_536,
                     in_flight_prefilling: h % 16,
-                    requests_total: h % 10_000,
                 },
                 max_in_flight: (h % 5 == 0).then_some(24),
                 matched_tokens: ((h >> 11) % 257) * 16,

@@ -3,27 +3,37 @@
 //!
 //! # Layout
 //!
+//! Modules in dependency order: each uses only modules above it (no cycles).
+//!
 //! - [`config`]: the YAML schema, defaults, validation with field paths, hot reload.
 //! - [`request`]: OpenAI body parsing (completions, chat, embeddings) with typed errors.
+//! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
 //! - [`prefix`]: prompt length and chained block hashes (tokenizers, chat templates, token
 //!   cache); raw text never leaves it.
 //! - [`index`]: which endpoints hold which prefix blocks (predictions and engine events), with
-//!   per-endpoint capacity and LRU eviction.
-//! - [`events`]: engines' KV events (vLLM's ZMQ publisher) decoded, re-hashed into the index,
-//!   and per endpoint how far they can be trusted.
+//!   per-endpoint capacity and LRU eviction. Knows nothing of load.
+//! - [`load`]: per-endpoint load: in-flight accounting with RAII guards, scraped engine metrics,
+//!   learned prefill speed and TTFT residual. Knows nothing of prefixes.
+//! - [`health`]: per-endpoint health views (probe, scrape, circuit breaker) and the probe itself.
 //! - [`discovery`]: the endpoint set, published as immutable snapshots; static, DNS and pluggable
 //!   sources.
-//! - [`load`]: per-endpoint load: in-flight accounting with RAII guards, scraped engine metrics,
-//!   learned prefill speed and TTFT residual.
-//! - [`health`]: active probes, scrape-failure and circuit-breaker ejection, and the background
-//!   monitor that scrapes and probes every endpoint.
-//! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views.
-//! - [`router`]: the decision pipeline, shared by the gRPC server, the admin API and the CLI.
-//! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building.
-//! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
-//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`.
+//! - [`events`]: engines' KV events (vLLM's ZMQ publisher) decoded, re-hashed into the index,
+//!   and per endpoint how far they can be trusted.
+//! - [`policy`]: filters, scorers, pickers and named policies over plain candidate views; imports
+//!   no table module.
 //! - [`telemetry`]: logging and Prometheus metrics.
-//! - [`cli`] / [`serve`]: the `kvrouter` binary's commands.
+//! - [`monitor`]: the scrape and probe loops of every endpoint, fed narrow views (endpoint set,
+//!   config) and writing through narrow sinks; knows nothing of the router.
+//! - [`router`]: the decision pipeline: the tables built together, one config snapshot per
+//!   request, a pure `plan`, and the ticket a routed request carries until its response ends;
+//!   narrow handles for everything around it. Shared by the gRPC server, the admin API and the
+//!   CLI.
+//! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
+//!   translates messages into decisions and response facts and scores nothing.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
+//!   view.
+//! - [`serve`]: `kvrouter serve`: builds the router and wires each part to the handle it needs.
+//! - [`cli`]: the `kvrouter` binary's commands.
 
 #![warn(missing_docs)]
 
@@ -37,6 +47,7 @@ pub mod extproc;
 pub mod health;
 pub mod index;
 pub mod load;
+pub mod monitor;
 pub mod policy;
 pub mod prefix;
 pub mod request;

@@ -15,12 +15,15 @@ fn system_prompt() -> String {
 }
 
 fn body(question: &str, max_tokens: u32, stream: bool) -> String {
-    serde_json::json!({
+    let mut body = serde_json::json!({
         "model": MODEL, "max_tokens": max_tokens, "stream": stream,
-        "stream_options": {"include_usage": true},
         "messages": [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}],
-    })
-    .to_string()
+    });
+    // vLLM (and kvsim) refuse stream_options on a request that does not stream.
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    body.to_string()
 }
 
 fn cached_tokens(reply: &Reply) -> u64 {

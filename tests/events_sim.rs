@@ -85,6 +85,7 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
         let kv = KvEventsConfig {
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
+            bind: true,
         };
         let (replica, app) = start(replica_config(
             &format!("r{i}"),
@@ -294,7 +295,7 @@ async fn after_a_restart_no_stale_hit_is_reported() {
     eventually("the stored blocks", || f.held(0, &prompt).blocks == 5).await;
     // The router also predicted the prompt when it routed it.
     f.events
-        .record_routed(f.ids[0], &router_hashes(&prompt), 0)
+        .record_routed(f.ids[0], &router_hashes(&prompt), 0, None)
         .unwrap();
 
     let (status, _, _) = call(&f.sims[0].app, "POST", "/admin/restart", None).await;
@@ -357,7 +358,7 @@ async fn a_prefix_is_matched_where_it_lives_even_when_the_router_never_routed_it
     let pick = (0..2).max_by_key(|&i| matches[i].blocks).unwrap();
     assert_eq!(pick, 1);
     f.events
-        .record_routed(f.ids[pick], &hashes, matches[pick].confirmed_blocks)
+        .record_routed(f.ids[pick], &hashes, matches[pick].confirmed_blocks, None)
         .unwrap();
     assert_eq!(f.send(pick, &request).await, 96);
 }
@@ -382,6 +383,7 @@ pools:
         let kv = KvEventsConfig {
             endpoint: endpoint.clone(),
             topic: format!("kv@{address}@m"),
+            bind: false,
         };
         let (replica, app) = start(replica_config(&format!("r{i}"), 16, None, kv)).await;
         sims.push(Sim {

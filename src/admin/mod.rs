@@ -1,5 +1,5 @@
 //! The admin HTTP server: liveness, readiness, Prometheus metrics and JSON views of the router's
-//! tables. Nothing here exposes prompt text.
+//! tables, through the router's read-only [`AdminView`]. Nothing here exposes prompt text.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,19 +12,19 @@ use axum::routing::get;
 use axum::{Json, Router as HttpRouter};
 use serde_json::json;
 
-use crate::router::Router;
+use crate::router::{AdminView, RouteContext};
 
 /// Shared state of the admin handlers.
 #[derive(Debug, Clone)]
 pub struct Admin {
-    router: Arc<Router>,
+    view: AdminView,
     ready: Arc<AtomicBool>,
 }
 
 impl Admin {
-    /// Admin over `router`; `/readyz` answers 200 once `ready` is set.
-    pub fn new(router: Arc<Router>, ready: Arc<AtomicBool>) -> Admin {
-        Admin { router, ready }
+    /// Admin over the router's `view`; `/readyz` answers 200 once `ready` is set.
+    pub fn new(view: AdminView, ready: Arc<AtomicBool>) -> Admin {
+        Admin { view, ready }
     }
 
     /// The HTTP routes.
@@ -50,10 +50,7 @@ async fn readyz(State(admin): State<Admin>) -> Response {
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
-    let mut text = admin.router.metrics().render(&admin.router.endpoints());
-    if let Some(events) = admin.router.events() {
-        text.push_str(&crate::telemetry::kv_events_text(&events.status()));
-    }
+    let text = admin.view.metrics_text();
     (
         [(
             header::CONTENT_TYPE,
@@ -65,15 +62,14 @@ async fn metrics(State(admin): State<Admin>) -> Response {
 }
 
 async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
-    let set = admin.router.endpoints();
-    let config = admin.router.config();
+    let set = admin.view.endpoints();
+    let state = admin.view.snapshot();
+    let config = &state.config;
     let now = tokio::time::Instant::now();
     let staleness = std::time::Duration::from_millis(config.load.scrape.staleness_ms);
     let events: std::collections::HashMap<_, _> = admin
-        .router
-        .events()
-        .map(|e| e.status())
-        .unwrap_or_default()
+        .view
+        .kv_events()
         .into_iter()
         .map(|s| (s.id, s))
         .collect();
@@ -139,19 +135,17 @@ async fn explain(
     Query(q): Query<ExplainQuery>,
     body: Bytes,
 ) -> Response {
-    let router = Arc::clone(&admin.router);
+    let view = admin.view.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = q.path.as_deref().unwrap_or("/v1/chat/completions");
         let api = crate::request::ApiKind::from_path(path);
         let parsed = crate::request::parse(api, &body)
             .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let ctx = crate::router::RouteContext {
-            subset: None,
+        let ctx = RouteContext {
             tenant: q.tenant.as_deref(),
+            ..RouteContext::default()
         };
-        router
-            .plan(&parsed, ctx)
-            .map(|plan| plan.explain())
+        view.explain(&parsed, ctx)
             .map_err(|e| (StatusCode::NOT_FOUND, e.to_string()))
     })
     .await;
@@ -163,12 +157,12 @@ async fn explain(
 }
 
 async fn decisions(State(admin): State<Admin>) -> Json<serde_json::Value> {
-    let log = admin.router.decision_log();
+    let log = admin.view.decisions();
     Json(json!({"recording": log.enabled(), "request_ids": log.ids()}))
 }
 
 async fn decision(State(admin): State<Admin>, Path(id): Path<String>) -> Response {
-    match admin.router.decision_log().get(&id) {
+    match admin.view.decisions().get(&id) {
         Some(e) => Json(e).into_response(),
         None => (
             StatusCode::NOT_FOUND,

@@ -11,11 +11,25 @@
 //! same hash can be stored twice and each copy is removed on its own; our blocks leave the index
 //! only when the last copy on a medium goes.
 
+//!
+//! # Memory
+//!
+//! An engine block is a 20-byte record in a dense paged vector ([`Pages`]), found by its engine hash through a
+//! table of 4-byte record numbers (5 bytes a bucket with hashbrown's control byte, so 5.7 to
+//! 11 bytes a block as the table doubles). The record holds the engine hash, the one block of
+//! ours it makes when the engine's block size equals ours (vLLM on GPU: 16 and 16), and its
+//! namespace, kind and copy counts packed in 32 bits. Anything else (several blocks of ours,
+//! leftover tokens) spills into a side vector, once per engine block: amortised over the
+//! blocks of ours it makes. Copy counts past what 32 bits pack (31 on GPU, 15 elsewhere) move
+//! to a side map. The previous table (a map of 40-byte entries) cost 72 bytes an engine block.
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use hashbrown::HashTable;
+
 use super::wire::{BlockRemoved, BlockStored, ExtraKey};
-use crate::index::{EndpointId, Medium, OwnershipIndex};
+use crate::index::{EndpointId, Medium, OwnershipIndex, Pages};
 use crate::prefix::{BlockHasher, ChainState, Namespace};
 
 const MEDIA: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
@@ -28,49 +42,79 @@ fn slot(m: Medium) -> usize {
     }
 }
 
+/// `value` is our one block (engine block size == ours): its hash, also the chain's end.
+const ONE: u32 = 0;
+/// `value` is an index into [`EngineBlocks::spills`].
+const SPILL: u32 = 1;
 /// The chain cannot be reproduced (multimodal or embedding keys, an unknown parent, an adapter
 /// known only by id): such a block maps to none of ours, and neither do its children.
-const OPAQUE: u8 = 1;
-/// `ours` is exactly `[end]` (engine block size == ours), so nothing spills.
-const ONE: u8 = 2;
+const OPAQUE: u32 = 2;
 
-/// One engine block: 32 bytes, plus a spill when it makes more or fewer than one block of ours.
-#[derive(Debug)]
+/// `meta`: namespace id (16 bits), kind (2), copies moved to the side map (1), then copies on
+/// GPU (5 bits), CPU (4) and other media (4).
+const KIND_SHIFT: u32 = 16;
+const MANY_COPIES: u32 = 1 << 18;
+const COPY_SHIFT: [u32; 3] = [19, 24, 28];
+const COPY_MAX: [u32; 3] = [31, 15, 15];
+
+/// One engine block: 20 bytes (4-byte aligned, so a vector packs them).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, packed(4))]
 struct EngineBlock {
-    /// Our chain's parent after this block: its last full block of ours, or the one before.
-    end: u64,
-    spill: Option<Box<Spill>>,
-    ns: u16,
-    flags: u8,
-    /// Physical copies per medium (GPU, CPU, other).
-    copies: [u16; 3],
+    /// The engine's hash.
+    hash: u64,
+    /// By kind: our block's hash, a spill index, or nothing.
+    value: u64,
+    meta: u32,
 }
 
-#[derive(Debug)]
+impl EngineBlock {
+    // Packed fields are read by value only (a reference to one could be unaligned).
+    fn hash(self) -> u64 {
+        self.hash
+    }
+
+    fn value(self) -> u64 {
+        self.value
+    }
+
+    fn kind(self) -> u32 {
+        (self.meta >> KIND_SHIFT) & 0b11
+    }
+
+    fn ns(self) -> u16 {
+        self.meta as u16
+    }
+
+    fn packed_copies(self) -> [u32; 3] {
+        [0, 1, 2].map(|m| (self.meta >> COPY_SHIFT[m]) & COPY_MAX[m])
+    }
+}
+
+/// What an engine block makes besides one block of ours: several (or none, with leftover
+/// tokens), and where our chain stands after it.
+#[derive(Debug, Default)]
 struct Spill {
+    /// Our chain's parent after this block: its last full block of ours, or the one before.
+    end: u64,
     ours: Box<[u64]>,
     pending: Box<[u32]>,
 }
 
-impl EngineBlock {
-    fn ours(&self) -> &[u64] {
-        if self.flags & OPAQUE != 0 {
-            &[]
-        } else if let Some(s) = &self.spill {
-            &s.ours
-        } else if self.flags & ONE != 0 {
-            std::slice::from_ref(&self.end)
-        } else {
-            &[]
+/// Our blocks of one engine block.
+enum Ours<'a> {
+    One([u64; 1]),
+    Many(&'a [u64]),
+}
+
+impl std::ops::Deref for Ours<'_> {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        match self {
+            Ours::One(h) => h,
+            Ours::Many(s) => s,
         }
-    }
-
-    fn pending(&self) -> &[u32] {
-        self.spill.as_ref().map_or(&[], |s| &s.pending)
-    }
-
-    fn held(&self) -> bool {
-        self.copies.iter().any(|&c| c > 0)
     }
 }
 
@@ -115,7 +159,14 @@ type NamespaceKey = (Option<Box<str>>, Option<Box<str>>);
 /// The engine-block table of one endpoint.
 #[derive(Debug)]
 pub(crate) struct EngineBlocks {
-    map: HashMap<u64, EngineBlock, ahash::RandomState>,
+    /// Engine hash -> index in `blocks`; keyed per process (hashes come from the engine).
+    table: HashTable<u32>,
+    hasher: ahash::RandomState,
+    blocks: Pages<EngineBlock>,
+    spills: Vec<Spill>,
+    free_spills: Vec<u32>,
+    /// Exact copy counts of blocks whose counts outgrew `meta` (by engine hash).
+    many_copies: HashMap<u64, [u32; 3], ahash::RandomState>,
     ns_ids: HashMap<NamespaceKey, u16>,
     hashers: Vec<BlockHasher>,
     rehash: Rehash,
@@ -124,7 +175,12 @@ pub(crate) struct EngineBlocks {
 impl EngineBlocks {
     pub(crate) fn new(rehash: Rehash) -> EngineBlocks {
         EngineBlocks {
-            map: HashMap::default(),
+            table: HashTable::new(),
+            hasher: ahash::RandomState::new(),
+            blocks: Pages::default(),
+            spills: Vec::new(),
+            free_spills: Vec::new(),
+            many_copies: HashMap::default(),
             ns_ids: HashMap::new(),
             hashers: Vec::new(),
             rehash,
@@ -133,19 +189,112 @@ impl EngineBlocks {
 
     /// Engine blocks tracked.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.blocks.len()
     }
 
-    /// Heap bytes held (table capacity, spills, namespaces), approximately.
+    /// Heap bytes held (table, records, spills, side map, namespaces), approximately.
     pub(crate) fn heap_bytes(&self) -> usize {
-        let table = self.map.capacity() * (std::mem::size_of::<(u64, EngineBlock)>() + 1);
         let spills: usize = self
-            .map
-            .values()
-            .filter_map(|b| b.spill.as_ref())
-            .map(|s| std::mem::size_of::<Spill>() + s.ours.len() * 8 + s.pending.len() * 4)
+            .spills
+            .iter()
+            .map(|s| s.ours.len() * 8 + s.pending.len() * 4)
             .sum();
-        table + spills + self.hashers.capacity() * std::mem::size_of::<BlockHasher>()
+        self.table.allocation_size()
+            + self.blocks.heap_bytes()
+            + self.spills.capacity() * std::mem::size_of::<Spill>()
+            + spills
+            + self.free_spills.capacity() * 4
+            + self.many_copies.capacity() * (8 + 12 + 1)
+            + self.hashers.capacity() * std::mem::size_of::<BlockHasher>()
+    }
+
+    fn find(&self, hash: u64) -> Option<usize> {
+        let blocks = &self.blocks;
+        self.table
+            .find(self.hasher.hash_one(hash), |&i| {
+                blocks[i as usize].hash() == hash
+            })
+            .map(|&i| i as usize)
+    }
+
+    fn push(&mut self, block: EngineBlock) -> usize {
+        let i = self.blocks.push(block);
+        let (blocks, hasher) = (&self.blocks, &self.hasher);
+        self.table
+            .insert_unique(hasher.hash_one(block.hash()), i as u32, |&j| {
+                hasher.hash_one(blocks[j as usize].hash())
+            });
+        i
+    }
+
+    /// Drops block `i` with its spill and side counts; the last block moves into its place.
+    fn remove_at(&mut self, i: usize) {
+        let b = self.blocks[i];
+        let hash = b.hash();
+        if b.kind() == SPILL {
+            self.spills[b.value() as usize] = Spill::default();
+            self.free_spills.push(b.value() as u32);
+        }
+        if b.meta & MANY_COPIES != 0 {
+            self.many_copies.remove(&hash);
+        }
+        let blocks = &self.blocks;
+        if let Ok(e) = self.table.find_entry(self.hasher.hash_one(hash), |&j| {
+            blocks[j as usize].hash() == hash
+        }) {
+            e.remove();
+        }
+        let last = self.blocks.len() - 1;
+        if i != last {
+            let moved = self.blocks[last].hash();
+            if let Some(j) = self
+                .table
+                .find_mut(self.hasher.hash_one(moved), |&j| j as usize == last)
+            {
+                *j = i as u32;
+            }
+        }
+        self.blocks.swap_remove(i);
+    }
+
+    fn ours(&self, i: usize) -> Ours<'_> {
+        let b = self.blocks[i];
+        match b.kind() {
+            ONE => Ours::One([b.value()]),
+            SPILL => Ours::Many(&self.spills[b.value() as usize].ours),
+            _ => Ours::Many(&[]),
+        }
+    }
+
+    fn copies(&self, i: usize) -> [u32; 3] {
+        let b = self.blocks[i];
+        if b.meta & MANY_COPIES != 0 {
+            self.many_copies[&b.hash()]
+        } else {
+            b.packed_copies()
+        }
+    }
+
+    fn set_copies(&mut self, i: usize, copies: [u32; 3]) {
+        let b = self.blocks[i];
+        let hash = b.hash();
+        let mut meta = b.meta & ((1 << COPY_SHIFT[0]) - 1) & !MANY_COPIES;
+        if (0..3).all(|m| copies[m] <= COPY_MAX[m]) {
+            for m in 0..3 {
+                meta |= copies[m] << COPY_SHIFT[m];
+            }
+            if b.meta & MANY_COPIES != 0 {
+                self.many_copies.remove(&hash);
+            }
+        } else {
+            meta |= MANY_COPIES;
+            self.many_copies.insert(hash, copies);
+        }
+        self.blocks[i].meta = meta;
+    }
+
+    fn held(&self, i: usize) -> bool {
+        self.copies(i).iter().any(|&c| c > 0)
     }
 
     /// The namespace id of (LoRA name, cache salt), creating it within the limit.
@@ -184,11 +333,13 @@ impl EngineBlocks {
         };
         let mut confirm: Vec<u64> = Vec::new();
         for (i, &hash) in ev.block_hashes.iter().enumerate() {
-            if let Some(block) = self.map.get_mut(&hash) {
+            if let Some(b) = self.find(hash) {
                 // Another copy, or the same block on another medium (offloading).
-                block.copies[m] = block.copies[m].saturating_add(1);
-                confirm.extend_from_slice(block.ours());
-                cursor = self.cursor_after(hash);
+                let mut copies = self.copies(b);
+                copies[m] = copies[m].saturating_add(1);
+                self.set_copies(b, copies);
+                confirm.extend_from_slice(&self.ours(b));
+                cursor = self.cursor_at(b);
                 continue;
             }
             let tokens = if has_tokens {
@@ -223,32 +374,46 @@ impl EngineBlocks {
                         ns,
                         state: state.clone(),
                     };
+                    let (kind, value) = if one {
+                        (ONE, state.parent)
+                    } else {
+                        let spill = Spill {
+                            end: state.parent,
+                            ours: ours.into(),
+                            pending: state.pending.into_boxed_slice(),
+                        };
+                        let at = match self.free_spills.pop() {
+                            Some(at) => {
+                                self.spills[at as usize] = spill;
+                                at
+                            }
+                            None => {
+                                self.spills.push(spill);
+                                (self.spills.len() - 1) as u32
+                            }
+                        };
+                        (SPILL, u64::from(at))
+                    };
                     EngineBlock {
-                        end: state.parent,
-                        spill: (!one).then(|| {
-                            Box::new(Spill {
-                                ours: ours.into(),
-                                pending: state.pending.into_boxed_slice(),
-                            })
-                        }),
-                        ns,
-                        flags: if one { ONE } else { 0 },
-                        copies: [0; 3],
+                        hash,
+                        value,
+                        meta: u32::from(ns) | kind << KIND_SHIFT,
                     }
                 }
                 None => {
                     applied.unmapped += 1;
                     cursor = Cursor::Opaque;
                     EngineBlock {
-                        end: 0,
-                        spill: None,
-                        ns: 0,
-                        flags: OPAQUE,
-                        copies: [0; 3],
+                        hash,
+                        value: 0,
+                        meta: OPAQUE << KIND_SHIFT,
                     }
                 }
             };
-            self.map.entry(hash).or_insert(block).copies[m] = 1;
+            let b = self.push(block);
+            let mut copies = [0; 3];
+            copies[m] = 1;
+            self.set_copies(b, copies);
         }
         if !confirm.is_empty() {
             // Endpoint ids come from the interner, far below the index's limit.
@@ -258,17 +423,28 @@ impl EngineBlocks {
     }
 
     fn cursor_after(&self, hash: u64) -> Cursor {
-        match self.map.get(&hash) {
-            Some(b) if b.flags & OPAQUE == 0 => Cursor::After {
-                ns: b.ns,
-                state: ChainState {
-                    parent: b.end,
-                    pending: b.pending().to_vec(),
-                    blocks: 0,
-                },
+        // An unknown parent (events missed) cannot be continued.
+        self.find(hash)
+            .map_or(Cursor::Opaque, |b| self.cursor_at(b))
+    }
+
+    fn cursor_at(&self, i: usize) -> Cursor {
+        let b = self.blocks[i];
+        let (parent, pending) = match b.kind() {
+            ONE => (b.value(), Vec::new()),
+            SPILL => {
+                let s = &self.spills[b.value() as usize];
+                (s.end, s.pending.to_vec())
+            }
+            _ => return Cursor::Opaque,
+        };
+        Cursor::After {
+            ns: b.ns(),
+            state: ChainState {
+                parent,
+                pending,
+                blocks: 0,
             },
-            // An unknown parent (events missed) or one we cannot reproduce.
-            _ => Cursor::Opaque,
         }
     }
 
@@ -283,24 +459,27 @@ impl EngineBlocks {
     ) -> Applied {
         let mut applied = Applied::default();
         let m = slot(ev.medium);
-        for hash in &ev.block_hashes {
-            let Some(block) = self.map.get_mut(hash) else {
+        for &hash in &ev.block_hashes {
+            let Some(b) = self.find(hash) else {
                 applied.unknown_removed += 1;
                 continue;
             };
-            if block.copies[m] == 0 {
+            let mut copies = self.copies(b);
+            if copies[m] == 0 {
                 applied.unknown_removed += 1;
                 continue;
             }
             applied.removed += 1;
-            block.copies[m] -= 1;
-            if block.copies[m] > 0 {
+            copies[m] -= 1;
+            self.set_copies(b, copies);
+            if copies[m] > 0 {
                 continue;
             }
-            if block.held() {
-                index.remove(ep, block.ours(), Some(ev.medium));
-            } else if let Some(block) = self.map.remove(hash) {
-                index.remove(ep, block.ours(), None);
+            if self.held(b) {
+                index.remove(ep, &self.ours(b), Some(ev.medium));
+            } else {
+                index.remove(ep, &self.ours(b), None);
+                self.remove_at(b);
             }
         }
         applied
@@ -311,26 +490,36 @@ impl EngineBlocks {
         let m = slot(medium);
         let mut gone = Vec::new();
         let mut still = Vec::new();
-        self.map.retain(|_, b| {
-            if b.copies[m] == 0 {
-                return true;
+        let mut drop = Vec::new();
+        for b in 0..self.blocks.len() {
+            let mut copies = self.copies(b);
+            if copies[m] == 0 {
+                continue;
             }
-            b.copies[m] = 0;
-            if b.held() {
-                still.extend_from_slice(b.ours());
-                true
+            copies[m] = 0;
+            self.set_copies(b, copies);
+            if self.held(b) {
+                still.extend_from_slice(&self.ours(b));
             } else {
-                gone.extend_from_slice(b.ours());
-                false
+                gone.extend_from_slice(&self.ours(b));
+                drop.push(b);
             }
-        });
+        }
+        // Highest first: what moves into a freed place is never itself to be dropped.
+        for b in drop.into_iter().rev() {
+            self.remove_at(b);
+        }
         index.remove(ep, &still, Some(medium));
         index.remove(ep, &gone, None);
     }
 
     /// Forgets every engine block (the caller clears or withdraws the index entries).
     pub(crate) fn clear(&mut self) {
-        self.map = HashMap::default();
+        self.table = HashTable::new();
+        self.blocks = Pages::default();
+        self.spills = Vec::new();
+        self.free_spills = Vec::new();
+        self.many_copies = HashMap::default();
     }
 
     /// Takes our confirmed blocks out of the index, keeping the table (and live predictions):
@@ -354,15 +543,15 @@ impl EngineBlocks {
             .iter()
             .enumerate()
             .map(|(m, &medium)| {
-                let ours = self
-                    .map
-                    .values()
-                    .filter(|b| b.copies[m] > 0)
-                    .flat_map(|b| b.ours().iter().copied())
-                    .collect();
+                let mut ours = Vec::new();
+                for b in 0..self.blocks.len() {
+                    if self.copies(b)[m] > 0 {
+                        ours.extend_from_slice(&self.ours(b));
+                    }
+                }
                 (medium, ours)
             })
-            .filter(|(_, ours): &(Medium, Vec<u64>)| !ours.is_empty())
+            .filter(|(_, ours)| !ours.is_empty())
             .collect()
     }
 }

@@ -78,8 +78,9 @@ impl Drop for Inner {
 /// The engines' KV-event streams feeding the ownership index: one per endpoint with a
 /// subscription (`pools[].kv_events`), each with its trust state.
 ///
-/// Built by [`KvEvents::start`] inside a tokio runtime; cheap to clone (shared). Dropping the
-/// last clone stops every socket.
+/// Built with no subscription by [`KvEvents::new`], together with the index it feeds; its
+/// sockets are started (and later reconciled) by [`KvEvents::reload`] inside a tokio runtime.
+/// Cheap to clone (shared). Dropping the last clone stops every socket.
 #[derive(Debug, Clone)]
 pub struct KvEvents {
     inner: Arc<Inner>,
@@ -111,18 +112,17 @@ pub struct EndpointEventsStatus {
 }
 
 impl KvEvents {
-    /// Resolves every endpoint's subscription from `config`, binds the bound sockets, starts
-    /// the connecting ones and the silence checker. Blocks are hashed with `registry`'s block
-    /// size for each endpoint's model. A socket that cannot bind is an error, after every other
-    /// socket was started (its endpoints stay `Distrusted(Connecting)`).
-    pub async fn start(
+    /// The event streams over `index`, with no subscription yet: every endpoint reads as
+    /// [`SourceState::Absent`] and [`Self::record_routed`] predicts as the index alone would.
+    /// Built with the tables it feeds (no runtime needed); [`Self::reload`] starts the
+    /// subscriptions `config` asks for, now and on every config change.
+    pub fn new(
         config: &Config,
-        registry: &TokenizerRegistry,
         index: Arc<OwnershipIndex>,
         interner: Arc<EndpointInterner>,
         clock: Arc<dyn Clock>,
-    ) -> Result<KvEvents, EventsError> {
-        let events = KvEvents {
+    ) -> KvEvents {
+        KvEvents {
             inner: Arc::new(Inner {
                 shared: Arc::new(Shared {
                     index,
@@ -135,18 +135,43 @@ impl KvEvents {
                 sockets: tokio::sync::Mutex::new(HashMap::new()),
                 checker: Mutex::new(None),
             }),
-        };
-        let weak = Arc::downgrade(&events.inner);
-        *events.inner.checker.lock() = Some(tokio::spawn(check_silence(weak)));
+        }
+    }
+
+    /// [`Self::new`] then [`Self::reload`]: resolves every endpoint's subscription from
+    /// `config`, binds the bound sockets, starts the connecting ones and the silence checker.
+    /// Blocks are hashed with `registry`'s block size for each endpoint's model. A socket that
+    /// cannot bind is an error, after every other socket was started (its endpoints stay
+    /// `Distrusted(Connecting)`).
+    pub async fn start(
+        config: &Config,
+        registry: &TokenizerRegistry,
+        index: Arc<OwnershipIndex>,
+        interner: Arc<EndpointInterner>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<KvEvents, EventsError> {
+        let events = KvEvents::new(config, index, interner, clock);
         events.reload(config, registry).await.map(|()| events)
     }
 
     /// Applies a new config: endpoints whose subscription, model or block size changed get a
     /// fresh stream (their confirmed blocks withdrawn), removed ones are withdrawn and become
-    /// `Absent`, sockets are started, re-routed or stopped. Bind errors as in [`Self::start`].
+    /// `Absent`, sockets are started, re-routed or stopped; the silence checker starts with the
+    /// first subscription. Bind errors as in [`Self::start`]. Call within a tokio runtime.
     pub async fn reload(
         &self,
         config: &Config,
+        registry: &TokenizerRegistry,
+    ) -> Result<(), EventsError> {
+        self.reload_with(config, &[], registry).await
+    }
+
+    /// [`Self::reload`] with the subscriptions of discovered endpoints (DNS, Kubernetes) besides
+    /// the config's own ([`Config::discovered_kv_event_subscriptions`]).
+    pub async fn reload_with(
+        &self,
+        config: &Config,
+        discovered: &[crate::config::ResolvedKvEvents],
         registry: &TokenizerRegistry,
     ) -> Result<(), EventsError> {
         let inner = &self.inner;
@@ -157,7 +182,11 @@ impl KvEvents {
         let old = inner.by_id.load_full();
         let mut by_id: Vec<Option<Arc<EndpointEvents>>> = Vec::new();
         let mut by_socket: HashMap<KvEventsAttach, Vec<Arc<EndpointEvents>>> = HashMap::new();
-        for spec in config.kv_event_subscriptions() {
+        for spec in config
+            .kv_event_subscriptions()
+            .into_iter()
+            .chain(discovered.iter().cloned())
+        {
             let id = inner.interner.intern(spec.address);
             let rehash = Rehash {
                 model: spec.model.as_str().into(),
@@ -196,6 +225,12 @@ impl KvEvents {
             }
         }
         inner.by_id.store(Arc::new(by_id));
+        if !by_socket.is_empty() {
+            let mut checker = inner.checker.lock();
+            if checker.is_none() {
+                *checker = Some(tokio::spawn(check_silence(Arc::downgrade(&self.inner))));
+            }
+        }
 
         let mut sockets = inner.sockets.lock().await;
         sockets.retain(|attach, s| {
@@ -310,25 +345,35 @@ impl KvEvents {
     /// block size is known (the engine caches nothing of a partial block), and, when the engine
     /// should store new blocks for it, starts the silence clock. Use instead of
     /// [`OwnershipIndex::insert_predicted`].
+    ///
+    /// The engine's block size comes from its events (`BlockStored`'s `block_size`) or, before
+    /// any, from `reported_block_size` (its metrics: vLLM's `cache_config_info`). While neither
+    /// is known the silence clock does not start: a prompt shorter than one engine block (128
+    /// tokens on vLLM's CPU build) stores nothing and publishes nothing, and counting on an
+    /// event for it distrusted healthy engines under short chats.
     pub fn record_routed(
         &self,
         ep: EndpointId,
         hashes: &[u64],
         confirmed_blocks: u32,
+        reported_block_size: Option<u32>,
     ) -> Result<(), IndexError> {
         let index = &self.inner.shared.index;
         let Some(e) = self.endpoint(ep) else {
             return index.insert_predicted(ep, hashes);
         };
         let ours = u64::from(e.rehash.block_size_tokens.max(1));
-        let engine = u64::from(e.published.engine_block_size.load(Ordering::Relaxed));
+        let engine = match e.published.engine_block_size.load(Ordering::Relaxed) {
+            0 => u64::from(reported_block_size.unwrap_or(0)),
+            known => u64::from(known),
+        };
         let whole = |blocks: usize| match engine {
             0 => blocks,
             e => ((blocks as u64 * ours / e * e) / ours) as usize,
         };
         let keep = whole(hashes.len()).min(hashes.len());
         index.insert_predicted_for(ep, &hashes[..keep], self.prediction_ttl(ep))?;
-        if keep > whole(confirmed_blocks as usize) {
+        if engine > 0 && keep > whole(confirmed_blocks as usize) {
             let now = self.inner.shared.clock.now_ms().max(1);
             let _ = e.published.expect_since_ms.compare_exchange(
                 0,

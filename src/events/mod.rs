@@ -14,7 +14,8 @@
 //! - `subscriber`: the ZMQ SUB sockets (connect per endpoint, or one bound socket shared by
 //!   many publishers told apart by topic) and their tasks.
 //! - `endpoint`: one endpoint's stream (published state, applier behind a lock).
-//! - `hub`: [`KvEvents`], built from config, with the request path's queries
+//! - `hub`: [`KvEvents`], built with the index it feeds and reconciled with each config, with
+//!   the request path's queries
 //!   ([`KvEvents::source_state`], [`KvEvents::record_routed`]) and silence detection.
 //! - [`weighted_blocks`]: a match weighed by where the engine holds its blocks.
 //!

@@ -1,8 +1,17 @@
-//! A small msgpack reader over a byte slice: exactly what the KV-event decoder needs. It never
-//! panics and never allocates on behalf of the input (lengths are checked against the bytes
-//! left before anything is reserved), and nesting is bounded, so hostile payloads cost at most
-//! their own size.
+//! A cursor over one msgpack document for the KV-event decoder: values are read with
+//! `rmp::decode` (which reads ints, floats, strings and lengths from a slice without
+//! allocating); what this file adds is what `rmp` lacks:
+//!
+//! - **Offsets**: every error says at which byte the offending value starts.
+//! - **Lengths checked before anything is reserved**: an array or map header's length is
+//!   refused when the bytes left cannot hold that many elements (each takes at least one
+//!   byte), so a caller may size a vector from it; see [`Reader::array_len`] for the bound.
+//! - **A bounded skip** of any value, nested at most [`MAX_DEPTH`] deep (`rmp`'s
+//!   `MessageLen` estimator would do it, but panics on extension values).
+//!
+//! It never panics on any input, so a hostile payload costs at most its own size.
 
+use rmp::decode::{self as dec};
 use rmp::Marker;
 
 /// Deepest nesting [`Reader::skip`] follows (vLLM's payloads nest 4 levels).
@@ -25,15 +34,6 @@ pub(crate) struct Reader<'a> {
     pos: usize,
 }
 
-/// A decoded integer: msgpack ints span `i64::MIN..=u64::MAX`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Int {
-    /// Non-negative.
-    U(u64),
-    /// Negative.
-    I(i64),
-}
-
 impl<'a> Reader<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Reader<'a> {
         Reader { buf, pos: 0 }
@@ -51,6 +51,19 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Runs an `rmp` reader on the bytes left and moves past what it read; on error the cursor
+    /// stays on the value.
+    fn read<T, E>(
+        &mut self,
+        expected: &'static str,
+        f: impl FnOnce(&mut &'a [u8]) -> Result<T, E>,
+    ) -> Result<T, MsgpackError> {
+        let mut rest = &self.buf[self.pos..];
+        let v = f(&mut rest).map_err(|_| self.err(expected))?;
+        self.pos = self.buf.len() - rest.len();
+        Ok(v)
+    }
+
     fn take(&mut self, n: usize, expected: &'static str) -> Result<&'a [u8], MsgpackError> {
         if self.remaining() < n {
             return Err(self.err(expected));
@@ -60,30 +73,13 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    fn be<const N: usize>(&mut self, expected: &'static str) -> Result<[u8; N], MsgpackError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N, expected)?);
-        Ok(out)
-    }
-
     fn peek(&self) -> Option<Marker> {
         self.buf.get(self.pos).map(|&b| Marker::from_u8(b))
     }
 
-    fn marker(&mut self, expected: &'static str) -> Result<Marker, MsgpackError> {
-        let m = self.peek().ok_or_else(|| self.err(expected))?;
-        self.pos += 1;
-        Ok(m)
-    }
-
     /// Consumes a nil and returns true, or returns false and consumes nothing.
     pub(crate) fn nil(&mut self) -> bool {
-        if self.peek() == Some(Marker::Null) {
-            self.pos += 1;
-            true
-        } else {
-            false
-        }
+        self.read("nil", dec::read_nil).is_ok()
     }
 
     /// True when the next value is a string.
@@ -121,168 +117,89 @@ impl<'a> Reader<'a> {
         )
     }
 
-    pub(crate) fn int(&mut self) -> Result<Int, MsgpackError> {
-        const E: &str = "an integer";
-        let start = self.pos;
-        let v = match self.marker(E)? {
-            Marker::FixPos(v) => Int::U(u64::from(v)),
-            Marker::FixNeg(v) => Int::I(i64::from(v)),
-            Marker::U8 => Int::U(u64::from(u8::from_be_bytes(self.be(E)?))),
-            Marker::U16 => Int::U(u64::from(u16::from_be_bytes(self.be(E)?))),
-            Marker::U32 => Int::U(u64::from(u32::from_be_bytes(self.be(E)?))),
-            Marker::U64 => Int::U(u64::from_be_bytes(self.be(E)?)),
-            Marker::I8 => Int::I(i64::from(i8::from_be_bytes(self.be(E)?))),
-            Marker::I16 => Int::I(i64::from(i16::from_be_bytes(self.be(E)?))),
-            Marker::I32 => Int::I(i64::from(i32::from_be_bytes(self.be(E)?))),
-            Marker::I64 => Int::I(i64::from_be_bytes(self.be(E)?)),
-            _ => {
-                self.pos = start;
-                return Err(self.err(E));
-            }
-        };
-        // Encoders may use a signed type for a non-negative value.
-        Ok(match v {
-            Int::I(i) if i >= 0 => Int::U(i as u64),
-            v => v,
-        })
+    /// An integer of any width and sign (msgpack ints span `i64::MIN..=u64::MAX`).
+    pub(crate) fn int(&mut self) -> Result<i128, MsgpackError> {
+        self.read("an integer", dec::read_int::<i128, _>)
     }
 
-    /// A non-negative integer that fits `u64`.
+    /// A non-negative integer that fits `u64` (encoders may use a signed type for it).
     pub(crate) fn uint(&mut self, expected: &'static str) -> Result<u64, MsgpackError> {
-        let start = self.pos;
-        match self.int() {
-            Ok(Int::U(v)) => Ok(v),
-            _ => {
-                self.pos = start;
-                Err(self.err(expected))
-            }
-        }
+        self.read(expected, dec::read_int::<u64, _>)
     }
 
     /// A number as `f64` (floats, or integers as some encoders write whole seconds).
     pub(crate) fn f64(&mut self) -> Result<f64, MsgpackError> {
         const E: &str = "a number";
         match self.peek() {
-            Some(Marker::F32) => {
-                self.pos += 1;
-                Ok(f64::from(f32::from_be_bytes(self.be(E)?)))
-            }
-            Some(Marker::F64) => {
-                self.pos += 1;
-                Ok(f64::from_be_bytes(self.be(E)?))
-            }
-            _ => match self.int().map_err(|_| self.err(E))? {
-                Int::U(v) => Ok(v as f64),
-                Int::I(v) => Ok(v as f64),
-            },
+            Some(Marker::F32) => self.read(E, dec::read_f32).map(f64::from),
+            Some(Marker::F64) => self.read(E, dec::read_f64),
+            _ => self.read(E, dec::read_int::<i128, _>).map(|v| v as f64),
         }
     }
 
-    fn str_len(&mut self) -> Result<Option<usize>, MsgpackError> {
-        const E: &str = "a string";
-        Ok(Some(match self.peek() {
-            Some(Marker::FixStr(n)) => {
-                self.pos += 1;
-                usize::from(n)
-            }
-            Some(Marker::Str8) => {
-                self.pos += 1;
-                usize::from(u8::from_be_bytes(self.be(E)?))
-            }
-            Some(Marker::Str16) => {
-                self.pos += 1;
-                usize::from(u16::from_be_bytes(self.be(E)?))
-            }
-            Some(Marker::Str32) => {
-                self.pos += 1;
-                u32::from_be_bytes(self.be(E)?) as usize
-            }
-            _ => return Ok(None),
-        }))
-    }
-
-    fn bin_len(&mut self) -> Result<Option<usize>, MsgpackError> {
-        const E: &str = "bytes";
-        Ok(Some(match self.peek() {
-            Some(Marker::Bin8) => {
-                self.pos += 1;
-                usize::from(u8::from_be_bytes(self.be(E)?))
-            }
-            Some(Marker::Bin16) => {
-                self.pos += 1;
-                usize::from(u16::from_be_bytes(self.be(E)?))
-            }
-            Some(Marker::Bin32) => {
-                self.pos += 1;
-                u32::from_be_bytes(self.be(E)?) as usize
-            }
-            _ => return Ok(None),
-        }))
-    }
-
-    /// A UTF-8 string.
+    /// A UTF-8 string, borrowed from the payload.
     pub(crate) fn str(&mut self) -> Result<&'a str, MsgpackError> {
-        let start = self.pos;
-        let Some(n) = self.str_len()? else {
-            return Err(self.err("a string"));
-        };
-        let bytes = self.take(n, "string bytes")?;
-        std::str::from_utf8(bytes).map_err(|_| MsgpackError {
-            at: start,
-            expected: "a UTF-8 string",
-        })
+        let at = self.pos;
+        let (s, rest) = dec::read_str_from_slice(&self.buf[at..]).map_err(|e| MsgpackError {
+            at,
+            expected: match e {
+                dec::DecodeStringError::InvalidUtf8(..) => "a UTF-8 string",
+                _ => "a string",
+            },
+        })?;
+        self.pos = self.buf.len() - rest.len();
+        Ok(s)
     }
 
-    /// The bytes of a string or binary value.
+    /// The bytes of a string or binary value, borrowed from the payload.
     pub(crate) fn bytes(&mut self) -> Result<&'a [u8], MsgpackError> {
-        let n = match self.str_len()? {
-            Some(n) => n,
-            None => self
-                .bin_len()?
-                .ok_or_else(|| self.err("bytes or a string"))?,
+        let at = self.pos;
+        let n = if self.at_str() {
+            self.read("bytes", dec::read_str_len)?
+        } else {
+            self.read("bytes or a string", dec::read_bin_len)?
         };
-        self.take(n, "bytes")
+        self.take(n as usize, "bytes")
+            .inspect_err(|_| self.pos = at)
     }
 
-    /// An array header; the length is checked against the bytes left (every element takes at
-    /// least one), so a caller may reserve it.
+    /// An array header. Its length is at most the bytes left (every element takes at least
+    /// one); reserve room for it with [`Self::capacity_for`].
     pub(crate) fn array_len(&mut self) -> Result<usize, MsgpackError> {
-        const E: &str = "an array";
-        let start = self.pos;
-        let n = match self.marker(E)? {
-            Marker::FixArray(n) => usize::from(n),
-            Marker::Array16 => usize::from(u16::from_be_bytes(self.be(E)?)),
-            Marker::Array32 => u32::from_be_bytes(self.be(E)?) as usize,
-            _ => {
-                self.pos = start;
-                return Err(self.err(E));
-            }
-        };
+        let at = self.pos;
+        let n = self.read("an array", dec::read_array_len)? as usize;
         if n > self.remaining() {
-            self.pos = start;
+            self.pos = at;
             return Err(self.err("an array no longer than the payload"));
         }
         Ok(n)
     }
 
-    /// A map header (entries, each a key and a value).
+    /// A map header (entries, each a key and a value), checked as [`Self::array_len`].
     pub(crate) fn map_len(&mut self) -> Result<usize, MsgpackError> {
-        const E: &str = "a map";
-        let start = self.pos;
-        let n = match self.marker(E)? {
-            Marker::FixMap(n) => usize::from(n),
-            Marker::Map16 => usize::from(u16::from_be_bytes(self.be(E)?)),
-            Marker::Map32 => u32::from_be_bytes(self.be(E)?) as usize,
-            _ => {
-                self.pos = start;
-                return Err(self.err(E));
-            }
-        };
+        let at = self.pos;
+        let n = self.read("a map", dec::read_map_len)? as usize;
         if n.saturating_mul(2) > self.remaining() {
-            self.pos = start;
+            self.pos = at;
             return Err(self.err("a map no longer than the payload"));
         }
         Ok(n)
+    }
+
+    /// How many elements of a claimed array of `n` to reserve room for up front, each taking
+    /// at least `min_element_bytes` of the payload and `element_size` bytes decoded: no more
+    /// than the bytes left could hold, and no more memory than the bytes left, so a lying
+    /// header cannot make the decoder reserve on its word (a vector grows as real elements
+    /// arrive).
+    pub(crate) fn capacity_for(
+        &self,
+        n: usize,
+        min_element_bytes: usize,
+        element_size: usize,
+    ) -> usize {
+        let left = self.remaining();
+        n.min(left / min_element_bytes.max(1))
+            .min(left / element_size.max(1))
     }
 
     /// Skips one value of any type (unknown fields, future extensions).
@@ -295,75 +212,47 @@ impl<'a> Reader<'a> {
         if depth > MAX_DEPTH {
             return Err(self.err("nesting at most 32 deep"));
         }
-        if let Some(n) = self.str_len()? {
-            self.take(n, E)?;
-            return Ok(());
-        }
-        if let Some(n) = self.bin_len()? {
-            self.take(n, E)?;
-            return Ok(());
-        }
-        let start = self.pos;
-        match self.marker(E)? {
-            Marker::Null | Marker::True | Marker::False => {}
-            Marker::FixPos(_) | Marker::FixNeg(_) => {}
-            Marker::U8 | Marker::I8 => {
-                self.take(1, E)?;
+        let Some(marker) = self.peek() else {
+            return Err(self.err(E));
+        };
+        match marker {
+            Marker::Null => self.read(E, dec::read_nil),
+            Marker::True | Marker::False => self.read(E, dec::read_bool).map(drop),
+            Marker::F32 | Marker::F64 => self.f64().map(drop),
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                let n = self.read(E, dec::read_str_len)?;
+                self.take(n as usize, E).map(drop)
             }
-            Marker::U16 | Marker::I16 => {
-                self.take(2, E)?;
-            }
-            Marker::U32 | Marker::I32 | Marker::F32 => {
-                self.take(4, E)?;
-            }
-            Marker::U64 | Marker::I64 | Marker::F64 => {
-                self.take(8, E)?;
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+                let n = self.read(E, dec::read_bin_len)?;
+                self.take(n as usize, E).map(drop)
             }
             Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
-                self.pos = start;
                 for _ in 0..self.array_len()? {
                     self.skip_at(depth + 1)?;
                 }
+                Ok(())
             }
             Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
-                self.pos = start;
                 for _ in 0..self.map_len()? * 2 {
                     self.skip_at(depth + 1)?;
                 }
+                Ok(())
             }
-            Marker::FixExt1 => {
-                self.take(2, E)?;
+            Marker::FixExt1
+            | Marker::FixExt2
+            | Marker::FixExt4
+            | Marker::FixExt8
+            | Marker::FixExt16
+            | Marker::Ext8
+            | Marker::Ext16
+            | Marker::Ext32 => {
+                let meta = self.read(E, dec::read_ext_meta)?;
+                self.take(meta.size as usize, E).map(drop)
             }
-            Marker::FixExt2 => {
-                self.take(3, E)?;
-            }
-            Marker::FixExt4 => {
-                self.take(5, E)?;
-            }
-            Marker::FixExt8 => {
-                self.take(9, E)?;
-            }
-            Marker::FixExt16 => {
-                self.take(17, E)?;
-            }
-            Marker::Ext8 => {
-                let n = usize::from(u8::from_be_bytes(self.be(E)?));
-                self.take(n + 1, E)?;
-            }
-            Marker::Ext16 => {
-                let n = usize::from(u16::from_be_bytes(self.be(E)?));
-                self.take(n + 1, E)?;
-            }
-            Marker::Ext32 => {
-                let n = u32::from_be_bytes(self.be(E)?) as usize;
-                self.take(n.saturating_add(1), E)?;
-            }
-            _ => {
-                self.pos = start;
-                return Err(self.err("a msgpack value (reserved marker)"));
-            }
+            Marker::Reserved => Err(self.err("a msgpack value (reserved marker)")),
+            _ => self.int().map(drop),
         }
-        Ok(())
     }
 }
 
@@ -380,15 +269,15 @@ mod tests {
 
     #[test]
     fn integers_of_every_width_and_sign() {
-        let cases: &[(rmpv::Value, Int)] = &[
-            (rmpv::Value::from(5u8), Int::U(5)),
-            (rmpv::Value::from(200u8), Int::U(200)),
-            (rmpv::Value::from(60_000u16), Int::U(60_000)),
-            (rmpv::Value::from(4_000_000_000u32), Int::U(4_000_000_000)),
-            (rmpv::Value::from(u64::MAX), Int::U(u64::MAX)),
-            (rmpv::Value::from(-3i8), Int::I(-3)),
-            (rmpv::Value::from(-300i16), Int::I(-300)),
-            (rmpv::Value::from(i64::MIN), Int::I(i64::MIN)),
+        let cases: &[(rmpv::Value, i128)] = &[
+            (rmpv::Value::from(5u8), 5),
+            (rmpv::Value::from(200u8), 200),
+            (rmpv::Value::from(60_000u16), 60_000),
+            (rmpv::Value::from(4_000_000_000u32), 4_000_000_000),
+            (rmpv::Value::from(u64::MAX), i128::from(u64::MAX)),
+            (rmpv::Value::from(-3i8), -3),
+            (rmpv::Value::from(-300i16), -300),
+            (rmpv::Value::from(i64::MIN), i128::from(i64::MIN)),
         ];
         for (v, expected) in cases {
             let bytes = enc(v);
@@ -399,7 +288,11 @@ mod tests {
         // A non-negative value written with a signed marker is still unsigned.
         let mut buf = Vec::new();
         rmp::encode::write_i64(&mut buf, 7).unwrap();
-        assert_eq!(Reader::new(&buf).int().unwrap(), Int::U(7));
+        assert_eq!(Reader::new(&buf).uint("u").unwrap(), 7);
+        // A negative one is not, and the cursor stays on it for the error's offset.
+        let mut r = Reader::new(&[0xff]);
+        assert_eq!(r.uint("u").unwrap_err().at, 0);
+        assert_eq!(r.int().unwrap(), -1);
     }
 
     #[test]

@@ -128,7 +128,17 @@ async fn receive(
                 }
             },
             event = monitor.next() => match event {
-                Some(event) => on_socket_event(event, routes, shared, peers.as_deref_mut()),
+                Some(event) => {
+                    // A connecting socket whose publisher went away: reconnect on our own
+                    // cadence (`RETRY`). The zeromq crate's own reconnect backs off to 30 s, so
+                    // an engine that took a minute to restart had published its first batch
+                    // before we were back, and that loss left it partial for good.
+                    let lost = peers.is_none() && matches!(event, SocketEvent::Disconnected(_));
+                    on_socket_event(event, routes, shared, peers.as_deref_mut());
+                    if lost {
+                        return;
+                    }
+                }
                 None => return,
             },
         }

@@ -17,7 +17,7 @@
 //! the default) or bytes (a SHA-256 digest), which are reduced to their low 64 bits big-endian,
 //! the same value vLLM's own int conversion gives. Nothing here panics on bad input.
 
-use super::msgpack::{Int, MsgpackError, Reader};
+use super::msgpack::{MsgpackError, Reader};
 use crate::index::Medium;
 
 /// One decoded multipart message.
@@ -190,9 +190,29 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
     })
 }
 
+/// Fewest payload bytes an element of each array can take, bounding what a claimed length
+/// may reserve (the header's count is the sender's word, the bytes left are not).
+mod min_bytes {
+    /// An event: `[""]`, a positional event of an unknown type.
+    pub(super) const EVENT: usize = 2;
+    /// A hash, a token id, an extra key, or `nil`: one positive fixint.
+    pub(super) const SCALAR: usize = 1;
+}
+
+/// A vector for a claimed `n` elements of at least `min_bytes` encoded bytes each, with room
+/// for no more elements than the bytes left could hold and no more bytes than are left: a
+/// lying header cannot make the decoder reserve `n × size_of::<T>()` bytes on its word (an
+/// event is ~100 bytes decoded); the vector grows as real elements arrive.
+fn reserve<T>(r: &Reader<'_>, n: usize, min_bytes: usize) -> Vec<T> {
+    let v = Vec::with_capacity(r.capacity_for(n, min_bytes, std::mem::size_of::<T>()));
+    #[cfg(test)]
+    tests::note_reserved(v.capacity() * std::mem::size_of::<T>());
+    v
+}
+
 fn events_of(r: &mut Reader<'_>) -> Result<Vec<Event>, WireError> {
     let n = r.array_len()?;
-    let mut out = Vec::with_capacity(n);
+    let mut out = reserve(r, n, min_bytes::EVENT);
     for _ in 0..n {
         out.push(event(r)?);
     }
@@ -330,7 +350,7 @@ fn field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError
     match name {
         "block_hashes" => {
             let n = r.array_len()?;
-            let mut v = Vec::with_capacity(n);
+            let mut v = reserve(r, n, min_bytes::SCALAR);
             for _ in 0..n {
                 v.push(hash(r)?);
             }
@@ -340,7 +360,7 @@ fn field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError
         "token_ids" => {
             if !r.nil() {
                 let n = r.array_len()?;
-                let mut v = Vec::with_capacity(n);
+                let mut v = reserve(r, n, min_bytes::SCALAR);
                 for _ in 0..n {
                     let t = r.uint("a token id")?;
                     v.push(u32::try_from(t).map_err(|_| WireError::Invalid {
@@ -355,10 +375,7 @@ fn field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError
         "lora_id" => {
             f.lora_id = match r.nil() {
                 true => None,
-                false => match r.int()? {
-                    Int::U(v) => Some(i64::try_from(v).unwrap_or(i64::MAX)),
-                    Int::I(v) => Some(v),
-                },
+                false => Some(i64::try_from(r.int()?).unwrap_or(i64::MAX)),
             }
         }
         "medium" => {
@@ -395,10 +412,8 @@ fn opt_u32(r: &mut Reader<'_>, field: &'static str) -> Result<Option<u32>, WireE
 /// bits read big-endian (vLLM's `int.from_bytes(h, "big") & (2**64 - 1)`).
 fn hash(r: &mut Reader<'_>) -> Result<u64, WireError> {
     if r.at_int() {
-        return Ok(match r.int()? {
-            Int::U(v) => v,
-            Int::I(v) => v as u64,
-        });
+        // Negative hashes keep their 64 bits (two's complement), as vLLM's signed ints do.
+        return Ok(r.int()? as u64);
     }
     let bytes = r.bytes()?;
     let tail = &bytes[bytes.len().saturating_sub(8)..];
@@ -407,22 +422,19 @@ fn hash(r: &mut Reader<'_>) -> Result<u64, WireError> {
 
 fn extra_keys(r: &mut Reader<'_>) -> Result<Vec<Option<Vec<ExtraKey>>>, WireError> {
     let n = r.array_len()?;
-    let mut out = Vec::with_capacity(n);
+    let mut out = reserve(r, n, min_bytes::SCALAR);
     for _ in 0..n {
         if r.nil() {
             out.push(None);
             continue;
         }
         let k = r.array_len()?;
-        let mut keys = Vec::with_capacity(k);
+        let mut keys = reserve(r, k, min_bytes::SCALAR);
         for _ in 0..k {
             keys.push(if r.at_str() {
                 ExtraKey::Str(r.str()?.into())
             } else if r.at_int() {
-                ExtraKey::Int(match r.int()? {
-                    Int::U(v) => i128::from(v),
-                    Int::I(v) => i128::from(v),
-                })
+                ExtraKey::Int(r.int()?)
             } else {
                 r.skip()?;
                 ExtraKey::Other

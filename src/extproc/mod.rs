@@ -1,5 +1,9 @@
 //! The Envoy `ExternalProcessor` gRPC service: one task per stream drives a [`stream::Stream`]
 //! and forwards its replies. Errors become Envoy responses here and nowhere else.
+//!
+//! This module translates between Envoy's messages and the router: it asks the router for a
+//! snapshot and a decision, parks the decision's ticket until the response shows up, and hands
+//! the ticket the facts it reads off the response. It scores nothing and writes no table.
 
 mod envoy;
 pub mod inflight;
@@ -23,9 +27,12 @@ use tonic::{Request, Response, Status, Streaming};
 
 pub use observe::Usage;
 
-use crate::router::Router;
+use crate::router::{Router, Ticket};
 use crate::telemetry::Metrics;
 use inflight::InflightTable;
+
+/// How often parked tickets are checked against the request time limit.
+const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Replies buffered per stream before the stream task waits for Envoy to read them. A full
 /// duplex body echo sends one reply per received chunk, so this only bounds memory.
@@ -35,14 +42,38 @@ const REPLY_BUFFER: usize = 32;
 #[derive(Debug, Clone)]
 pub struct ExtProc {
     router: Arc<Router>,
-    table: Arc<InflightTable>,
+    table: Arc<InflightTable<Ticket>>,
+    metrics: Arc<Metrics>,
 }
 
 impl ExtProc {
-    /// A service routing with `router`, parking routed requests in `table` until their
-    /// response ends.
-    pub fn new(router: Arc<Router>, table: Arc<InflightTable>) -> ExtProc {
-        ExtProc { router, table }
+    /// A service routing with `router`, parking routed requests' tickets until their response
+    /// ends, counting streams in `metrics`.
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> ExtProc {
+        ExtProc {
+            router,
+            table: Arc::new(InflightTable::default()),
+            metrics,
+        }
+    }
+
+    /// Drops, every 10 s, parked tickets older than `max_age` (a response never
+    /// seen: no observer filter, or one that lost the stream), until aborted.
+    pub fn spawn_sweeper(&self, max_age: std::time::Duration) -> tokio::task::JoinHandle<()> {
+        let table = Arc::clone(&self.table);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+            loop {
+                tick.tick().await;
+                let released = table.sweep(max_age);
+                if released > 0 {
+                    tracing::warn!(
+                        released,
+                        "released in-flight records whose response was never seen"
+                    );
+                }
+            }
+        })
     }
 
     /// The tonic service, accepting messages up to `max_message_bytes` (a BUFFERED body arrives
@@ -66,13 +97,12 @@ impl ExternalProcessor for ExtProc {
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(REPLY_BUFFER);
-        let stream = stream::Stream::new(Arc::clone(&self.router), Arc::clone(&self.table));
-        tokio::spawn(drive(
-            Arc::clone(self.router.metrics()),
-            stream,
-            inbound,
-            tx,
-        ));
+        let stream = stream::Stream::new(
+            Arc::clone(&self.router),
+            Arc::clone(&self.table),
+            Arc::clone(&self.metrics),
+        );
+        tokio::spawn(drive(Arc::clone(&self.metrics), stream, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -113,18 +143,38 @@ async fn drive(
     metrics.stream_closed(stream.outcome().as_str());
 }
 
-/// Serves the ext_proc service on `listener` until `shutdown` resolves.
+/// What the caller serves beside the ext_proc service on its port: other gRPC services (the
+/// health service) and TLS. Kept apart so this module stays about ext_proc.
+#[derive(Debug, Default)]
+pub struct ServerExtras {
+    /// Other gRPC services on the same port.
+    pub routes: tonic::service::Routes,
+    /// Serve TLS (HTTP/2 over TLS, ALPN `h2`) instead of plaintext, when set.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+/// Serves `service` (and `extras`) on `listener` until `shutdown` resolves, sweeping tickets
+/// parked longer than `max_request` meanwhile.
 pub async fn serve(
-    router: Arc<Router>,
-    table: Arc<InflightTable>,
+    service: ExtProc,
     listener: tokio::net::TcpListener,
     max_message_bytes: usize,
+    max_request: std::time::Duration,
+    extras: ServerExtras,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)));
+    if let Some(tls) = extras.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let sweeper = service.spawn_sweeper(max_request);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .add_service(ExtProc::new(router, table).into_server(max_message_bytes))
+    let served = builder
+        .add_routes(extras.routes)
+        .add_service(service.into_server(max_message_bytes))
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .await;
+    sweeper.abort();
+    served
 }

@@ -20,9 +20,15 @@
 //! - `STREAMED` / `NONE` / `GRPC`: the host is picked before the body is seen, so the request is
 //!   not routed here (CONTINUE everywhere); Envoy's fallback serves it. Logged once.
 //!
-//! A routed request's in-flight guard is parked in the [`InflightTable`] under a pick id that is
-//! also written to `kvrouter` dynamic metadata; whichever stream sees the response claims it, and
-//! dropping it (response end, stream gone) releases the endpoint's load exactly once.
+//! A request's routing reads one [`RouterState`] snapshot, taken when its first message arrives:
+//! the tenant header, the body limit, the decision, the destination header and the retry-after
+//! of a rejection all come from it.
+//!
+//! A routed request's [`Ticket`] is parked in the [`InflightTable`] under a pick id that is also
+//! written to `kvrouter` dynamic metadata; whichever stream sees the response claims it. This
+//! module only reads facts off Envoy's messages (status, served endpoint, attempts, first
+//! byte) and hands them to the ticket, which applies them on the router's side; dropping the
+//! ticket (response end, stream gone) releases the endpoint's load exactly once.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,11 +41,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 
 use super::envoy::{self, Slot};
-use super::inflight::{InflightTable, Tracked};
+use super::inflight::InflightTable;
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
 use crate::request::{self, ApiKind};
-use crate::router::{Decision, RouteContext, Router};
+use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
+use crate::telemetry::Metrics;
 
 /// How a stream ended, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +79,8 @@ impl Outcome {
 
 /// A request whose body is still arriving.
 struct Pending {
+    /// The snapshot this request is routed under.
+    state: Arc<RouterState>,
     api: ApiKind,
     subset: Option<Vec<SocketAddr>>,
     tenant: Option<String>,
@@ -81,9 +90,9 @@ struct Pending {
     chunk_ends: Vec<usize>,
 }
 
-/// A response being watched; owns the request's in-flight record if it was routed by us.
+/// A response being watched; owns the request's ticket if it was routed by us.
 struct Responding {
-    tracked: Option<Tracked>,
+    ticket: Option<Ticket>,
     observer: ResponseObserver,
 }
 
@@ -101,7 +110,8 @@ enum Phase {
 /// The state of one ext_proc stream.
 pub struct Stream {
     router: Arc<Router>,
-    table: Arc<InflightTable>,
+    table: Arc<InflightTable<Ticket>>,
+    metrics: Arc<Metrics>,
     phase: Phase,
     request_mode: BodySendMode,
     response_mode: BodySendMode,
@@ -124,11 +134,16 @@ fn slow_decisions() -> &'static tokio::sync::Semaphore {
 }
 
 impl Stream {
-    /// A new stream routed by `router`, parking in-flight records in `table`.
-    pub fn new(router: Arc<Router>, table: Arc<InflightTable>) -> Stream {
+    /// A new stream routed by `router`, parking tickets in `table`, counting in `metrics`.
+    pub fn new(
+        router: Arc<Router>,
+        table: Arc<InflightTable<Ticket>>,
+        metrics: Arc<Metrics>,
+    ) -> Stream {
         Stream {
             router,
             table,
+            metrics,
             phase: Phase::Start,
             // Until Envoy says otherwise (protocol_config on the first message), assume the
             // mode that works with every message order.
@@ -167,7 +182,7 @@ impl Stream {
         }
         self.observe_only |= msg.observability_mode;
         let Some(request) = msg.request.take() else {
-            self.router.metrics().record_anomaly();
+            self.metrics.record_anomaly();
             return Vec::new();
         };
         let replies = match request {
@@ -194,7 +209,7 @@ impl Stream {
         msg: &ProcessingRequest,
     ) -> Vec<ProcessingResponse> {
         if !matches!(self.phase, Phase::Start) {
-            self.router.metrics().record_anomaly();
+            self.metrics.record_anomaly();
             return vec![envoy::continue_(Slot::RequestHeaders)];
         }
         let headers = h.headers.as_ref();
@@ -202,11 +217,13 @@ impl Stream {
             .map(|id| id.chars().take(64).collect())
             .unwrap_or_default();
         let path = envoy::header_str(headers, ":path").unwrap_or("");
-        let tenant = self
-            .router
-            .tenant_header()
-            .and_then(|name| envoy::header_str(headers, &name).map(str::to_string));
+        let state = self.router.snapshot();
+        let tenant = state
+            .tenants
+            .header()
+            .and_then(|name| envoy::header_str(headers, name).map(str::to_string));
         let pending = Pending {
+            state,
             api: ApiKind::from_path(path),
             subset: envoy::subset_hint(msg.metadata_context.as_ref()),
             tenant,
@@ -256,6 +273,7 @@ impl Stream {
                 .map(|id| id.chars().take(64).collect())
                 .unwrap_or_default();
             self.phase = Phase::RequestBody(Pending {
+                state: self.router.snapshot(),
                 api: ApiKind::from_path(path),
                 subset: envoy::subset_hint(msg.metadata_context.as_ref()),
                 tenant: None,
@@ -275,13 +293,14 @@ impl Stream {
                 }];
             }
             _ => {
-                self.router.metrics().record_anomaly();
+                self.metrics.record_anomaly();
                 return vec![envoy::continue_(Slot::RequestBody)];
             }
         };
-        let limit = self.router.config().routing.max_body_bytes;
+        let routing = &pending.state.config.routing;
+        let (limit, retry_after) = (routing.max_body_bytes, routing.retry_after_s);
         if pending.body.len() + b.body.len() > limit {
-            return self.reject(Rejection::too_large(limit));
+            return self.reject(Rejection::too_large(limit), retry_after);
         }
         pending.body.extend_from_slice(&b.body);
         pending.chunk_ends.push(pending.body.len());
@@ -300,7 +319,7 @@ impl Stream {
             Vec::new()
         } else {
             // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed.
-            self.reject(Rejection::too_large(limit))
+            self.reject(Rejection::too_large(limit), retry_after)
         }
     }
 
@@ -325,7 +344,8 @@ impl Stream {
         trailers: bool,
     ) -> Vec<ProcessingResponse> {
         let router = Arc::clone(&self.router);
-        let (pending, result) = if router.decides_slowly(pending.body.len()) {
+        let retry_after = pending.state.config.routing.retry_after_s;
+        let (pending, result) = if pending.state.decides_slowly(pending.body.len()) {
             // At most a few tokenizations at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
             let _permit = slow_decisions().acquire().await;
@@ -337,7 +357,7 @@ impl Stream {
             match joined {
                 Ok(pair) => pair,
                 // The runtime is shutting down; the body went with the task.
-                Err(_) => return self.reject(Rejection::internal()),
+                Err(_) => return self.reject(Rejection::internal(), retry_after),
             }
         } else {
             let result = decide_guarded(&router, &pending);
@@ -348,7 +368,7 @@ impl Stream {
         match result {
             Ok(Some(decision)) => {
                 let id = self.table.next_id();
-                let header = &self.router.config().routing.destination_header;
+                let header = &pending.state.config.routing.destination_header;
                 out.push(envoy::route(slot, header, &decision.destination, id));
                 tracing::debug!(
                     request_id = %self.request_id,
@@ -360,7 +380,7 @@ impl Stream {
                     uncached_tokens = decision.plan.uncached_tokens(),
                     "routed"
                 );
-                self.table.insert(id, tracked(decision));
+                self.table.insert(id, decision.ticket);
                 self.phase = Phase::Picked { id: Some(id) };
             }
             Ok(None) => {
@@ -368,7 +388,7 @@ impl Stream {
                 out.push(envoy::continue_(slot));
                 self.phase = Phase::Picked { id: None };
             }
-            Err(rejection) => return self.reject(rejection),
+            Err(rejection) => return self.reject(rejection, retry_after),
         }
         if slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed {
             let mut start = 0;
@@ -390,10 +410,10 @@ impl Stream {
         h: HttpHeaders,
         msg: &ProcessingRequest,
     ) -> ProcessingResponse {
-        let tracked = match std::mem::replace(&mut self.phase, Phase::Finished) {
+        let ticket = match std::mem::replace(&mut self.phase, Phase::Finished) {
             // The picker sees the response too (single-filter set-up).
             Phase::Picked { id } => id.and_then(|id| self.table.take(id)),
-            // An observer stream: claim the record the picker parked.
+            // An observer stream: claim the ticket the picker parked.
             Phase::Start => {
                 envoy::pick_id(msg.metadata_context.as_ref()).and_then(|id| self.table.claim(id))
             }
@@ -404,73 +424,34 @@ impl Stream {
             }
             other => {
                 self.phase = other;
-                self.router.metrics().record_anomaly();
+                self.metrics.record_anomaly();
                 return envoy::continue_(Slot::ResponseHeaders);
             }
         };
         let mut r = Responding {
-            tracked,
+            ticket,
             observer: ResponseObserver::default(),
         };
         let headers = h.headers.as_ref();
         let status = envoy::header_str(headers, ":status").and_then(|s| s.parse().ok());
         r.observer
             .on_headers(status, envoy::header_str(headers, "content-type"));
-        let served = envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
-            .or_else(|| envoy::served_endpoint(None, &msg.attributes));
-        let attempts =
-            envoy::attempt_count(&h.attributes).or_else(|| envoy::attempt_count(&msg.attributes));
-        if let (Some(addr), Some(t)) = (served, &mut r.tracked) {
-            if addr != t.endpoint.address {
-                // Another endpoint served it. override_host walks the list in order, skipping
-                // addresses not (yet) in Envoy's cluster, and retries the next one after a
-                // connect failure, reset or 503: the endpoints before the served one failed,
-                // as many of them as Envoy made extra attempts (all of them if it did not say).
-                // Passive health signals for each.
-                let before = t
-                    .destinations
-                    .iter()
-                    .position(|e| e.address == addr)
-                    .unwrap_or(1);
-                let failed =
-                    attempts.map_or(before, |a| (a.saturating_sub(1) as usize).min(before));
-                tracing::debug!(
-                    request_id = %self.request_id,
-                    pick = %t.endpoint.address_str,
-                    served = %addr,
-                    attempts,
-                    failed,
-                    "served by another endpoint than the pick"
-                );
-                for failed in &t.destinations[..failed] {
-                    self.router.record_outcome(failed, false);
-                }
-                t.trial = None;
-                t.ttft = None;
-                // Move the load to the endpoint that serves it.
-                if let Some(actual) = self.router.endpoints().get(&addr).cloned() {
-                    t.guard = actual.load.begin(t.prompt_tokens);
-                    t.endpoint = actual;
-                }
-            }
+        let facts = ResponseFacts {
+            status,
+            served: envoy::served_endpoint(msg.metadata_context.as_ref(), &h.attributes)
+                .or_else(|| envoy::served_endpoint(None, &msg.attributes)),
+            attempts: envoy::attempt_count(&h.attributes)
+                .or_else(|| envoy::attempt_count(&msg.attributes)),
+        };
+        if let Some(t) = &mut r.ticket {
+            t.on_response_headers(facts);
         }
-        if let (Some(t), Some(code)) = (&mut r.tracked, status) {
-            // A 5xx is a strong signal against the replica; anything else says it works. (Envoy's
-            // own 503 after exhausted retries lands on the last endpoint it tried.)
-            let ok = !crate::health::is_failure_status(code);
-            self.router.record_outcome(&t.endpoint, ok);
-            t.trial = None;
-            if !ok {
-                t.ttft = None;
+        if let Some(code) = status {
+            match (&r.ticket, facts.served) {
+                (Some(t), _) => self.metrics.record_upstream_status(t.endpoint(), code),
+                (None, Some(addr)) => self.metrics.record_upstream_status(&addr.to_string(), code),
+                (None, None) => {}
             }
-        }
-        let endpoint = r
-            .tracked
-            .as_ref()
-            .map(|t| t.endpoint.address_str.to_string())
-            .or_else(|| served.map(|a| a.to_string()));
-        if let (Some(ep), Some(code)) = (endpoint, status) {
-            self.router.metrics().record_upstream_status(&ep, code);
         }
         self.phase = Phase::Responding(r);
         if h.end_of_stream {
@@ -489,18 +470,8 @@ impl Stream {
             Phase::Responding(r) => {
                 let now = Instant::now();
                 if r.observer.on_body(&b.body, now) {
-                    if let Some(t) = &mut r.tracked {
-                        t.guard.prefill_done();
-                        if let Some(ctx) = t.ttft.take() {
-                            let ttft_ms = now.duration_since(t.decided_at).as_secs_f64() * 1e3;
-                            let config = self.router.config();
-                            t.endpoint.load.learned.observe(
-                                &ctx,
-                                ttft_ms,
-                                &config.load.learning,
-                                tokio::time::Instant::now(),
-                            );
-                        }
+                    if let Some(t) = &mut r.ticket {
+                        t.on_first_byte(now);
                     }
                 }
                 if b.end_of_stream {
@@ -508,36 +479,37 @@ impl Stream {
                 }
             }
             Phase::Finished => {}
-            _ => self.router.metrics().record_anomaly(),
+            _ => self.metrics.record_anomaly(),
         }
         reply
     }
 
-    fn reject(&mut self, rejection: Rejection) -> Vec<ProcessingResponse> {
-        self.router.metrics().record_immediate(rejection.status);
+    /// Answers `rejection` (503s with `retry-after: retry_after_s`) and ends the stream.
+    fn reject(&mut self, rejection: Rejection, retry_after_s: u32) -> Vec<ProcessingResponse> {
+        self.metrics.record_immediate(rejection.status);
         tracing::debug!(
             request_id = %self.request_id,
             status = rejection.status,
             reason = %rejection.message,
             "rejected"
         );
-        let retry_after = self.router.config().routing.retry_after_s;
         self.phase = Phase::Finished;
         self.outcome = Outcome::Immediate;
-        vec![rejection.into_response(retry_after)]
+        vec![rejection.into_response(retry_after_s)]
     }
 
-    /// Ends the response: drops the in-flight record and logs the request's figures.
+    /// Ends the response: drops the ticket (releasing what it holds) and logs the request's
+    /// figures.
     fn finish(&mut self, outcome: Outcome) {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         self.outcome = outcome;
         if let Phase::Responding(r) = phase {
             let o = &r.observer;
             let usage = o.usage();
-            let decided_at = r.tracked.as_ref().map(|t| t.decided_at);
+            let decided_at = r.ticket.as_ref().map(Ticket::decided_at);
             tracing::debug!(
                 request_id = %self.request_id,
-                endpoint = r.tracked.as_ref().map(|t| t.endpoint.address_str.as_ref()).unwrap_or("-"),
+                endpoint = r.ticket.as_ref().map(Ticket::endpoint).unwrap_or("-"),
                 status = o.status.unwrap_or(0),
                 ttft_ms = decided_at.zip(o.first_byte_at).map(|(d, f)| f.duration_since(d).as_secs_f64() * 1e3),
                 body_bytes = o.body_bytes,
@@ -546,32 +518,20 @@ impl Stream {
                 cached_tokens = usage.and_then(|u| u.cached_tokens),
                 "response complete"
             );
-            // `r` (and the in-flight guard in it) drops here.
+            // `r` (and the ticket in it) drops here.
         }
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // A picker whose stream ends before the response: leave the record for the observer
+        // A picker whose stream ends before the response: leave the ticket for the observer
         // stream if observers are in use, else release it now (nothing else would).
         if let Phase::Picked { id: Some(id) } = self.phase {
             if !self.table.observers_active() {
                 drop(self.table.take(id));
             }
         }
-    }
-}
-
-fn tracked(d: Decision) -> Tracked {
-    Tracked {
-        endpoint: Arc::clone(d.primary()),
-        prompt_tokens: d.plan.uncached_tokens(),
-        decided_at: Instant::now(),
-        destinations: d.plan.endpoints.clone(),
-        ttft: Some(d.ttft),
-        trial: d.trial,
-        guard: d.guard,
     }
 }
 
@@ -583,13 +543,11 @@ fn decide_guarded(router: &Router, pending: &Pending) -> Result<Option<Decision>
         let ctx = RouteContext {
             subset: pending.subset.as_deref(),
             tenant: pending.tenant.as_deref(),
+            request_id: &pending.request_id,
         };
-        let decision = router.decide(&parsed, ctx).map_err(Rejection::from)?;
-        let log = router.decision_log();
-        if log.enabled() {
-            log.record(&pending.request_id, decision.plan.explain());
-        }
-        Ok(decision)
+        router
+            .decide(&pending.state, &parsed, ctx)
+            .map_err(Rejection::from)
     }));
     match attempt {
         Ok(result) => result.map(Some),

@@ -16,7 +16,8 @@ use super::envoy::{KVROUTER_NAMESPACE, LB_NAMESPACE, PICK_KEY, SERVED_KEY};
 use super::inflight::InflightTable;
 use super::stream::{Outcome, Stream};
 use crate::config::Config;
-use crate::router::Router;
+use crate::discovery::EndpointSet;
+use crate::router::{AdminView, Router, Ticket};
 use crate::telemetry::Metrics;
 
 const CONFIG: &str = r#"
@@ -32,31 +33,47 @@ pools:
 
 struct Fixture {
     router: Arc<Router>,
-    table: Arc<InflightTable>,
+    table: Arc<InflightTable<Ticket>>,
+    metrics: Arc<Metrics>,
+    /// What the tests look at: the endpoint set (load, health), the config, the metrics.
+    view: AdminView,
 }
 
 impl Fixture {
     fn new() -> Fixture {
+        let metrics = Arc::new(Metrics::new());
+        let router = Router::new(
+            Config::parse_and_validate(CONFIG, "test").unwrap(),
+            Arc::clone(&metrics),
+            std::path::Path::new("."),
+        )
+        .unwrap();
         Fixture {
-            router: Arc::new(
-                Router::new(
-                    Config::parse_and_validate(CONFIG, "test").unwrap(),
-                    Arc::new(Metrics::new()),
-                    std::path::Path::new("."),
-                )
-                .unwrap(),
-            ),
+            view: router.handles().admin,
+            router: Arc::new(router),
             table: Arc::new(InflightTable::default()),
+            metrics,
         }
     }
 
     fn stream(&self) -> Stream {
-        Stream::new(Arc::clone(&self.router), Arc::clone(&self.table))
+        Stream::new(
+            Arc::clone(&self.router),
+            Arc::clone(&self.table),
+            Arc::clone(&self.metrics),
+        )
+    }
+
+    fn endpoints(&self) -> Arc<EndpointSet> {
+        self.view.endpoints()
+    }
+
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.view.snapshot().config)
     }
 
     fn in_flight(&self) -> u64 {
-        self.router
-            .endpoints()
+        self.endpoints()
             .all()
             .iter()
             .map(|e| e.load.snapshot().in_flight_requests)
@@ -455,7 +472,6 @@ async fn observer_stream_claims_the_pick_and_releases_at_response_end() {
         .await
         .is_empty());
     let prefill: u64 = f
-        .router
         .endpoints()
         .all()
         .iter()
@@ -539,7 +555,7 @@ async fn a_retry_to_a_fallback_moves_the_accounting() {
             false,
         ))
         .await;
-    let set = f.router.endpoints();
+    let set = f.endpoints();
     let on = |a: &str| {
         set.get(&a.parse().unwrap())
             .unwrap()
@@ -551,6 +567,60 @@ async fn a_retry_to_a_fallback_moves_the_accounting() {
     assert_eq!(f.in_flight(), 1);
     drop(observer);
     assert_eq!(f.in_flight(), 0);
+}
+
+/// The header a routing reply sets.
+fn header_name(r: &ProcessingResponse) -> Option<String> {
+    let common = match r.response.as_ref()? {
+        Response::RequestHeaders(h) => h.response.as_ref()?,
+        Response::RequestBody(b) => b.response.as_ref()?,
+        _ => return None,
+    };
+    Some(
+        common.header_mutation.as_ref()?.set_headers[0]
+            .header
+            .as_ref()?
+            .key
+            .clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_reload_mid_request_applies_from_the_next_request_on() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    // The config changes while the body is on its way: a smaller body limit and another
+    // destination header.
+    let reloaded = CONFIG.replace(
+        "routing: {max_body_bytes: 4096, fallback_endpoints: 1}",
+        "routing: {max_body_bytes: 16, fallback_endpoints: 0, destination_header: x-other}",
+    );
+    f.router
+        .apply(Config::parse_and_validate(&reloaded, "test").unwrap())
+        .unwrap();
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    let (dest, _) = destination(&r[0]).expect("routed under the config it started with");
+    assert_eq!(dest.split(',').count(), 2, "its fallback count: {dest}");
+    assert_eq!(
+        header_name(&r[0]).as_deref(),
+        Some("x-gateway-destination-endpoint")
+    );
+    // The next request sees the new config.
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+    assert_eq!(immediate_status(&r[0]), Some(413), "{r:?}");
 }
 
 /// Routes one request through a picker stream and returns (destination list, pick id).
@@ -570,14 +640,9 @@ async fn route_one(f: &Fixture) -> (Vec<String>, u64) {
 }
 
 fn breaker_state(f: &Fixture, addr: &str) -> crate::health::BreakerState {
-    let ep = f
-        .router
-        .endpoints()
-        .get(&addr.parse().unwrap())
-        .cloned()
-        .unwrap();
+    let ep = f.endpoints().get(&addr.parse().unwrap()).cloned().unwrap();
     ep.health
-        .snapshot(tokio::time::Instant::now(), &f.router.config().health)
+        .snapshot(tokio::time::Instant::now(), &f.config().health)
         .breaker
 }
 
@@ -585,7 +650,7 @@ fn breaker_state(f: &Fixture, addr: &str) -> crate::health::BreakerState {
 async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
     let f = Fixture::new();
     f.table.claim(0); // observers are in use
-    let threshold = f.router.config().health.breaker.failure_threshold;
+    let threshold = f.config().health.breaker.failure_threshold;
     // Envoy had to retry the pick on the fallback, `threshold` times: the pick is ejected.
     let (dest, pick) = route_one(&f).await;
     let victim = dest[0].clone();
@@ -649,7 +714,7 @@ async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
             .await;
     }
     assert_eq!(breaker_state(&f, &other), crate::health::BreakerState::Open);
-    let text = f.router.metrics().render(&f.router.endpoints());
+    let text = f.view.metrics_text();
     assert!(
         text.contains(&format!(
             "kvrouter_ejections_total{{endpoint=\"{other}\",cause=\"breaker\"}} 1"
@@ -663,7 +728,7 @@ async fn retries_and_5xx_feed_the_breaker_and_successes_do_not() {
 async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
     let f = Fixture::new();
     f.table.claim(0);
-    let cfg = f.router.config().health.clone();
+    let cfg = f.config().health.clone();
     let failures_to_open = cfg.breaker.failure_threshold;
     // The pick is not in Envoy's cluster yet (EDS lag): override_host skips it and the fallback
     // serves on the first attempt. However often that happens, the pick stays closed.
@@ -728,14 +793,9 @@ async fn a_pick_envoy_skipped_without_an_attempt_is_not_a_failure() {
 async fn the_first_byte_teaches_the_picks_residual_but_not_after_a_retry() {
     let f = Fixture::new();
     f.table.claim(0);
-    let cfg = f.router.config().load.learning.clone();
+    let cfg = f.config().load.learning.clone();
     let samples = |addr: &str| {
-        let ep = f
-            .router
-            .endpoints()
-            .get(&addr.parse().unwrap())
-            .cloned()
-            .unwrap();
+        let ep = f.endpoints().get(&addr.parse().unwrap()).cloned().unwrap();
         ep.load
             .learned
             .snapshot(&cfg, tokio::time::Instant::now())

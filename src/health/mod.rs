@@ -14,12 +14,12 @@
 //! endpoints are never picked; the router may still append them after the healthy ones in the
 //! fallback list, as a last resort Envoy only reaches if every healthy choice failed.
 //!
-//! [`monitor`] runs the probe and scrape loops of every endpoint. Nothing here blocks the request
-//! path: the common case (all up, breaker closed) is one atomic load.
+//! [`crate::monitor`] runs the probe and scrape loops of every endpoint; the router feeds request
+//! outcomes to the breaker. Nothing here blocks the request path: the common case (all up,
+//! breaker closed) is one atomic load.
 
 pub mod breaker;
 pub mod detector;
-pub mod monitor;
 pub mod probe;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,6 +2,8 @@
 //! adding and evicting are O(1) and a node is 16 bytes. Slots are handed to the shard entries so
 //! a block found by hash can be touched or unlinked without a second map.
 
+use super::pages::Pages;
+
 const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
@@ -14,7 +16,7 @@ struct Node {
 /// The recency list and capacity of one endpoint.
 #[derive(Debug)]
 pub(crate) struct EndpointLru {
-    nodes: Vec<Node>,
+    nodes: Pages<Node>,
     /// Most recently used.
     head: u32,
     /// Least recently used: evicted first.
@@ -31,7 +33,7 @@ pub(crate) struct EndpointLru {
 impl EndpointLru {
     pub(crate) fn new(capacity: usize) -> EndpointLru {
         EndpointLru {
-            nodes: Vec::new(),
+            nodes: Pages::default(),
             head: NIL,
             tail: NIL,
             free: NIL,
@@ -62,8 +64,7 @@ impl EndpointLru {
             self.nodes[slot as usize] = node;
             slot
         } else {
-            self.nodes.push(node);
-            (self.nodes.len() - 1) as u32
+            self.nodes.push(node) as u32
         };
         if self.head != NIL {
             self.nodes[self.head as usize].prev = slot;
@@ -130,7 +131,7 @@ impl EndpointLru {
 
     /// Heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.nodes.capacity() * std::mem::size_of::<Node>()
+        self.nodes.heap_bytes()
     }
 
     fn unlink(&mut self, slot: u32) {

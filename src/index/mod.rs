@@ -19,14 +19,22 @@
 //! shard update. Writers take the endpoint's lock, then one shard lock at a time. No lock is
 //! held across an `.await` (nothing here is async). A lookup racing an insert may see part of it.
 //!
-//! Memory: a (block, endpoint) entry costs a 16-byte holder in the block map (inline when the
-//! block has one holder), a 16-byte recency node, and a share of the block's map entry (40 bytes
-//! plus hash-table slack); [`OwnershipIndex::stats`] reports the total from the allocated
-//! capacities, and `benches/index.rs` measures it with a counting allocator.
+//! Memory: a (block, endpoint) entry costs a 12-byte holder (inline in the block's record when
+//! the block has one holder), a 16-byte recency node, and a share of the block's 24-byte record
+//! and of its 5-byte table bucket (record number and control byte; a bucket per 0.44 to 0.88
+//! blocks, as hashbrown doubles). So a block held by one endpoint costs 46 to 57 bytes (with the
+//! record vector's spare room), each further holder about 28. [`OwnershipIndex::stats`] reports
+//! the total from the allocated capacities, and `benches/index.rs` and `benches/events.rs`
+//! measure it with a counting allocator (`docs/kv-events.md`, Measurements).
+//!
+//! Time: predictions expire on the injected [`Clock`], kept in holders as 37 bits of
+//! milliseconds since the index was created. Past 4.3 years of uptime, expiry times saturate:
+//! predictions made then last until evicted or removed.
 
 mod clock;
 mod interner;
 mod lru;
+mod pages;
 mod shard;
 
 use std::sync::Arc;
@@ -36,9 +44,10 @@ use parking_lot::{Mutex, RwLock};
 
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use interner::EndpointInterner;
+pub(crate) use pages::Pages;
 
 use lru::EndpointLru;
-use shard::{shard_heap_bytes, Holder, Holders, ShardMap, MAX_ENDPOINT_ID};
+use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
 
 use crate::config::CacheIndexConfig;
 
@@ -162,8 +171,10 @@ pub enum IndexError {
 /// Block hash -> endpoints, with per-endpoint capacity, LRU eviction and prediction expiry.
 #[derive(Debug)]
 pub struct OwnershipIndex {
-    shards: Box<[RwLock<ShardMap>]>,
+    shards: Box<[RwLock<Shard>]>,
     shard_mask: usize,
+    /// The clock's reading at creation: expiry times are kept relative to it.
+    epoch_ms: u64,
     endpoints: RwLock<Vec<Option<Arc<Mutex<EndpointLru>>>>>,
     options: IndexOptions,
     clock: Arc<dyn Clock>,
@@ -174,8 +185,9 @@ impl OwnershipIndex {
     pub fn new(options: IndexOptions, clock: Arc<dyn Clock>) -> OwnershipIndex {
         let n = options.shards.max(1).next_power_of_two();
         OwnershipIndex {
-            shards: (0..n).map(|_| RwLock::new(ShardMap::default())).collect(),
+            shards: (0..n).map(|_| RwLock::new(Shard::default())).collect(),
             shard_mask: n - 1,
+            epoch_ms: clock.now_ms(),
             endpoints: RwLock::new(Vec::new()),
             options,
             clock,
@@ -187,7 +199,15 @@ impl OwnershipIndex {
         &self.options
     }
 
-    fn shard(&self, hash: u64) -> &RwLock<ShardMap> {
+    /// Now, as holders keep time: ms since creation, below the saturated expiry.
+    fn now_ms(&self) -> u64 {
+        self.clock
+            .now_ms()
+            .saturating_sub(self.epoch_ms)
+            .min(MAX_UNTIL_MS - 1)
+    }
+
+    fn shard(&self, hash: u64) -> &RwLock<Shard> {
         // Block hashes are uniform, so their low bits spread shards evenly.
         &self.shards[(hash as usize) & self.shard_mask]
     }
@@ -236,12 +256,10 @@ impl OwnershipIndex {
         ttl: Duration,
     ) -> Result<(), IndexError> {
         let until = self
-            .clock
             .now_ms()
-            .saturating_add(ttl.as_millis() as u64)
-            .max(1);
+            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         self.insert(endpoint, hashes, |h| {
-            h.predicted_until_ms = h.predicted_until_ms.max(until);
+            h.set_predicted_until_ms(h.predicted_until_ms().max(until));
         })
     }
 
@@ -268,26 +286,18 @@ impl OwnershipIndex {
         for &hash in hashes.iter().rev() {
             {
                 let mut shard = self.shard(hash).write();
-                match shard.get_mut(&hash) {
-                    Some(holders) => match holders.find_mut(endpoint) {
-                        Some(h) => {
-                            let was = h.confirmed();
-                            update(h);
-                            lru.confirmed += usize::from(!was && h.confirmed());
-                            lru.touch(h.slot);
-                        }
-                        None => {
-                            let mut h = Holder::new(endpoint, lru.push_front(hash));
-                            update(&mut h);
-                            lru.confirmed += usize::from(h.confirmed());
-                            holders.push(h);
-                        }
-                    },
+                match shard.holder_mut(hash, endpoint) {
+                    Some(h) => {
+                        let was = h.confirmed();
+                        update(h);
+                        lru.confirmed += usize::from(!was && h.confirmed());
+                        lru.touch(h.slot);
+                    }
                     None => {
                         let mut h = Holder::new(endpoint, lru.push_front(hash));
                         update(&mut h);
                         lru.confirmed += usize::from(h.confirmed());
-                        shard.insert(hash, Holders::One(h));
+                        shard.add(hash, h);
                     }
                 }
             }
@@ -308,14 +318,8 @@ impl OwnershipIndex {
     }
 
     fn remove_holder(&self, endpoint: EndpointId, hash: u64, lru: &mut EndpointLru) {
-        let mut shard = self.shard(hash).write();
-        if let Some(holders) = shard.get_mut(&hash) {
-            if let Some(h) = holders.remove(endpoint) {
-                lru.confirmed -= usize::from(h.confirmed());
-            }
-            if holders.is_empty() {
-                shard.remove(&hash);
-            }
+        if let Some(h) = self.shard(hash).write().remove(hash, endpoint) {
+            lru.confirmed -= usize::from(h.confirmed());
         }
     }
 
@@ -327,13 +331,10 @@ impl OwnershipIndex {
             return;
         };
         let mut lru = state.lock();
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         for &hash in hashes {
             let mut shard = self.shard(hash).write();
-            let Some(holders) = shard.get_mut(&hash) else {
-                continue;
-            };
-            let Some(h) = holders.find_mut(endpoint) else {
+            let Some(h) = shard.holder_mut(hash, endpoint) else {
                 continue;
             };
             let keep = match medium {
@@ -346,12 +347,9 @@ impl OwnershipIndex {
                 None => false,
             };
             if !keep {
-                let h = holders.remove(endpoint).expect("found above");
+                let h = shard.remove(hash, endpoint).expect("found above");
                 lru.confirmed -= usize::from(h.confirmed());
                 lru.remove(h.slot);
-                if holders.is_empty() {
-                    shard.remove(&hash);
-                }
             }
         }
     }
@@ -365,13 +363,7 @@ impl OwnershipIndex {
         let mut lru = state.lock();
         let hashes: Vec<u64> = lru.iter().map(|(_, h)| h).collect();
         for hash in hashes {
-            let mut shard = self.shard(hash).write();
-            if let Some(holders) = shard.get_mut(&hash) {
-                holders.remove(endpoint);
-                if holders.is_empty() {
-                    shard.remove(&hash);
-                }
-            }
+            self.shard(hash).write().remove(hash, endpoint);
         }
         lru.clear();
     }
@@ -401,30 +393,35 @@ impl OwnershipIndex {
         for (i, &c) in candidates.iter().enumerate().rev() {
             position[c as usize] = i as u32;
         }
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         for (i, &hash) in hashes.iter().enumerate() {
             let block = i as u32;
             let mut extended = false;
             {
                 let shard = self.shard(hash).read();
-                let Some(holders) = shard.get(&hash) else {
+                let Some((first, more)) = shard.holders(hash) else {
                     break;
                 };
-                for h in holders.as_slice() {
+                let mut visit = |h: &Holder| {
                     let Some(&p) = position.get(h.endpoint() as usize) else {
-                        continue;
+                        return;
                     };
-                    if p == u32::MAX || !h.live(now) {
-                        continue;
+                    if p == u32::MAX {
+                        return;
                     }
+                    let Some((confirmed, offloaded)) = h.state(now) else {
+                        return;
+                    };
                     let m = &mut out[p as usize];
                     if m.blocks == block {
                         m.blocks += 1;
-                        m.confirmed_blocks += u32::from(h.confirmed());
-                        m.offloaded_blocks += u32::from(h.offloaded());
+                        m.confirmed_blocks += u32::from(confirmed);
+                        m.offloaded_blocks += u32::from(offloaded);
                         extended = true;
                     }
-                }
+                };
+                visit(first);
+                more.iter().for_each(visit);
             }
             if !extended {
                 break;
@@ -446,8 +443,8 @@ impl OwnershipIndex {
         for shard in self.shards.iter() {
             let shard = shard.read();
             stats.blocks += shard.len();
-            stats.entries += shard.values().map(|h| h.as_slice().len()).sum::<usize>();
-            stats.heap_bytes += shard_heap_bytes(&shard);
+            stats.entries += shard.entries();
+            stats.heap_bytes += shard.heap_bytes();
         }
         let endpoints = self.endpoints.read().clone();
         stats.heap_bytes += endpoints.capacity() * std::mem::size_of::<usize>();

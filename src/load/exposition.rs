@@ -217,12 +217,9 @@ mod tests {
 
     #[test]
     fn parses_a_real_vllm_capture() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../shared/fixtures/vllm-0.32-cpu-smollm2/metrics.txt"
-        );
-        let Ok(text) = std::fs::read_to_string(path) else {
-            panic!("shared fixture {path} missing");
+        let path = crate::prefix::tests::fixture_dir().join("metrics.txt");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            panic!("shared fixture {} missing", path.display());
         };
         let s = parse(&vllm(), &text, Instant::now()).expect("parses");
         assert_eq!((s.waiting_requests, s.running_requests), (0, 0));

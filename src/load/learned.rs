@@ -33,7 +33,7 @@
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::ewma::Ewma;
+use super::decay::{Decay, Ewma};
 use crate::config::LearningConfig;
 
 /// What the router predicted for a request when it decided, kept until its first byte.
@@ -74,8 +74,8 @@ pub struct LearnedSnapshot {
 #[derive(Debug, Default)]
 struct State {
     speed: Ewma,
+    /// Fades between samples (`residual_half_life_ms`).
     residual: Ewma,
-    residual_at: Option<Instant>,
 }
 
 /// One endpoint's learned speed and residual. Updated once per response, read per decision.
@@ -84,10 +84,8 @@ pub struct Learned {
     state: Mutex<State>,
 }
 
-fn decay(value: f64, since: Option<Instant>, now: Instant, half_life_ms: u64) -> f64 {
-    let Some(at) = since else { return value };
-    let elapsed_ms = now.saturating_duration_since(at).as_secs_f64() * 1e3;
-    value * 0.5f64.powf(elapsed_ms / half_life_ms.max(1) as f64)
+fn residual_decay(cfg: &LearningConfig) -> Decay {
+    Decay::half_life(std::time::Duration::from_millis(cfg.residual_half_life_ms))
 }
 
 impl Learned {
@@ -118,15 +116,8 @@ impl Learned {
             s.speed.add(speed, cfg.alpha);
         }
         if let Some(residual) = out.residual_ms {
-            let decayed = decay(
-                s.residual.value(),
-                s.residual_at,
-                now,
-                cfg.residual_half_life_ms,
-            );
-            s.residual.set_value(decayed);
-            s.residual.add(residual, cfg.alpha);
-            s.residual_at = Some(now);
+            s.residual
+                .add_at(residual, cfg.alpha, now.into_std(), residual_decay(cfg));
         }
         out
     }
@@ -146,11 +137,9 @@ impl Learned {
             return 0.0;
         }
         let s = self.state.lock();
-        match s.residual.trusted(cfg.min_samples) {
-            Some(v) => decay(v, s.residual_at, now, cfg.residual_half_life_ms)
-                .clamp(0.0, cfg.max_residual_ms),
-            None => 0.0,
-        }
+        s.residual
+            .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
+            .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
     }
 
     /// What was learned, as of `now`.

@@ -7,10 +7,12 @@
 //! - [`engine`]: the last scraped engine sample and its freshness.
 //! - [`exposition`]: parsing vLLM's / SGLang's Prometheus text into an engine sample.
 //! - [`scrape`]: the scrape loop of one endpoint.
-//! - [`learned`] / [`ewma`]: prefill speed and TTFT residual learned per endpoint.
+//! - [`learned`]: prefill speed and TTFT residual learned per endpoint.
+//! - [`decay`]: the one time-decay law behind every average and rate (learned values, the
+//!   router's arrival rates).
 
+pub mod decay;
 pub mod engine;
-pub mod ewma;
 pub mod exposition;
 pub mod learned;
 pub mod scrape;

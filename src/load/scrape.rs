@@ -1,5 +1,5 @@
 //! One scrape of one endpoint's metrics: an HTTP GET with a deadline, parsed into an
-//! [`EngineSample`]. The loop that repeats it lives in [`crate::health::monitor`].
+//! [`EngineSample`]. The loop that repeats it lives in [`crate::monitor`].
 //!
 //! What an endpoint sends back is bounded: the body is read chunk by chunk up to
 //! `load.scrape.max_body_bytes` (a declared `content-length` over it fails before reading), and

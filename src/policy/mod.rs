@@ -1,8 +1,9 @@
 //! Routing policies: contracts here, implementations in the files beside.
 //!
-//! A policy sees plain data only ([`RequestView`], [`CandidateView`]): no tables, no locks, no
-//! I/O, so it is deterministic given its inputs (plus its own tie-break state) and trivially
-//! testable. A policy returns a full [`Ranking`]: the first entry is the pick, the next ones are
+//! A policy sees plain data only ([`RequestView`], [`CandidateView`] with its [`RouterLoad`] and
+//! [`EngineLoad`] numbers): no tables, no locks, no I/O, and no import of the modules that keep
+//! the tables (`load`, `index`, `discovery`), so it is deterministic given its inputs (plus its
+//! own tie-break state) and trivially testable. A policy returns a full [`Ranking`]: the first entry is the pick, the next ones are
 //! the fallbacks handed to Envoy.
 //!
 //! Policies are either written directly ([`round_robin`]) or composed GIE-style from
@@ -24,7 +25,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{PolicyConfig, PolicyName};
-use crate::load::LoadSnapshot;
 
 /// What a policy knows about the request.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -49,6 +49,18 @@ pub struct EngineLoad {
     pub kv_cache_usage: f64,
 }
 
+/// The router's own count of what it sent a candidate and has not seen finish: known without
+/// any engine signal, and current to the last decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouterLoad {
+    /// Requests routed there whose response has not ended.
+    pub in_flight_requests: u64,
+    /// Uncached prompt tokens of those requests not yet prefilled (no first byte yet).
+    pub in_flight_prefill_tokens: u64,
+    /// Of those requests, the ones without a first byte yet (still queued or prefilling).
+    pub in_flight_prefilling: u64,
+}
+
 /// What a policy knows about one candidate endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CandidateView {
@@ -57,7 +69,7 @@ pub struct CandidateView {
     /// Relative capacity (> 0).
     pub weight: f64,
     /// The router's own in-flight counts for it.
-    pub load: LoadSnapshot,
+    pub load: RouterLoad,
     /// Concurrency limit, if configured.
     pub max_in_flight: Option<u32>,
     /// Tokens of this request's prompt prefix believed cached there.
@@ -216,11 +228,10 @@ pub(crate) mod testing {
         CandidateView {
             address: SocketAddr::from(([127, 0, 0, 1], port)),
             weight: 1.0,
-            load: LoadSnapshot {
+            load: RouterLoad {
                 in_flight_requests: requests,
                 in_flight_prefill_tokens: tokens,
                 in_flight_prefilling: 0,
-                requests_total: 0,
             },
             max_in_flight: None,
             matched_tokens: 0,

@@ -187,4 +187,4 @@ pub enum PrefixError {
 #[cfg(test)]
 mod budget_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

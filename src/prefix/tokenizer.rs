@@ -263,8 +263,10 @@ impl ModelTokenizer {
     }
 
     /// Tokenizes `text`, through the segment cache when `segmented` (only without special tokens:
-    /// a post-processor applies to the whole).
-    pub fn tokenize(
+    /// a post-processor applies to the whole). Only tests call it: the request path goes through
+    /// the budgeted entry points above.
+    #[cfg(test)]
+    pub(crate) fn tokenize(
         &self,
         text: &str,
         add_special_tokens: bool,

@@ -1,15 +1,16 @@
-//! Requests routed per second, per model: an exponentially decaying event rate. The cost model
-//! uses it to estimate how many requests will arrive at an endpoint while a prefill there runs
-//! (and so wait behind it).
+//! Requests routed per second, per model: an exponentially decaying event rate
+//! ([`crate::load::decay::Rate`]). The cost model uses it to estimate how many requests will
+//! arrive at an endpoint while a prefill there runs (and so wait behind it).
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// Time constant of the decay, seconds: the rate follows a change in traffic within a few of
-/// these.
-const TAU_S: f64 = 5.0;
+use crate::load::decay::Rate;
+
+/// Time constant of the decay: the rate follows a change in traffic within a few of these.
+const TAU: Duration = Duration::from_secs(5);
 
 /// Per-model decision rates. Models are those of the config (an unknown model never gets a
 /// decision), so the map stays small.
@@ -18,46 +19,23 @@ pub struct ArrivalRates {
     rates: Mutex<HashMap<String, Rate>>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Rate {
-    at: Instant,
-    /// Events per second as of `at`.
-    per_s: f64,
-}
-
-impl Rate {
-    fn at(self, now: Instant) -> f64 {
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        self.per_s * (-dt / TAU_S).exp()
-    }
-}
-
 impl ArrivalRates {
     /// Counts one routed request for `model` at `now`.
     pub fn record(&self, model: &str, now: Instant) {
         let mut rates = self.rates.lock();
         match rates.get_mut(model) {
-            Some(r) => {
-                *r = Rate {
-                    at: now.max(r.at),
-                    per_s: r.at(now) + 1.0 / TAU_S,
-                }
-            }
+            Some(r) => r.record(now),
             None => {
-                rates.insert(
-                    model.to_string(),
-                    Rate {
-                        at: now,
-                        per_s: 1.0 / TAU_S,
-                    },
-                );
+                let mut r = Rate::new(TAU);
+                r.record(now);
+                rates.insert(model.to_string(), r);
             }
         }
     }
 
     /// Requests per second routed for `model` lately (0 if none).
     pub fn per_s(&self, model: &str, now: Instant) -> f64 {
-        self.rates.lock().get(model).map_or(0.0, |r| r.at(now))
+        self.rates.lock().get(model).map_or(0.0, |r| r.per_s(now))
     }
 }
 

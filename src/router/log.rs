@@ -3,6 +3,7 @@
 //! costs allocations on the hot path.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -12,6 +13,8 @@ use super::Explanation;
 #[derive(Debug, Default)]
 pub struct DecisionLog {
     inner: Mutex<Inner>,
+    /// `capacity > 0`, readable without the lock: every decision asks.
+    on: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -26,6 +29,7 @@ impl DecisionLog {
     pub fn set_capacity(&self, capacity: usize) {
         let mut inner = self.inner.lock();
         inner.capacity = capacity;
+        self.on.store(capacity > 0, Ordering::Relaxed);
         while inner.order.len() > capacity {
             if let Some(old) = inner.order.pop_front() {
                 inner.by_id.remove(&old);
@@ -35,7 +39,7 @@ impl DecisionLog {
 
     /// Whether recording is on.
     pub fn enabled(&self) -> bool {
-        self.inner.lock().capacity > 0
+        self.on.load(Ordering::Relaxed)
     }
 
     /// Records `explanation` under `request_id` (ignored when off or the id is empty).

@@ -1,5 +1,8 @@
+use std::path::Path;
+
 use super::*;
-use crate::config::PolicyName;
+use crate::config::{PolicyName, ResolvedEndpoint};
+use crate::discovery::EndpointSet;
 use crate::request::{self, ApiKind};
 
 const CONFIG: &str = r#"
@@ -44,7 +47,34 @@ fn addr(port: u16) -> SocketAddr {
 const NONE: RouteContext<'static> = RouteContext {
     subset: None,
     tenant: None,
+    request_id: "",
 };
+
+/// Decides `req` under the snapshot in force, as a request arriving now would.
+fn decide_now(
+    r: &Router,
+    req: &ParsedRequest<'_>,
+    ctx: RouteContext<'_>,
+) -> Result<Decision, RouteError> {
+    r.decide(&r.snapshot(), req, ctx)
+}
+
+/// Plans `req` under the snapshot in force.
+fn plan_now(
+    r: &Router,
+    req: &ParsedRequest<'_>,
+    ctx: RouteContext<'_>,
+) -> Result<Plan, RouteError> {
+    r.plan(&r.snapshot(), req, ctx)
+}
+
+fn endpoints(r: &Router) -> Arc<EndpointSet> {
+    r.tables.registry.snapshot()
+}
+
+fn config(r: &Router) -> Arc<Config> {
+    Arc::clone(&r.snapshot().config)
+}
 
 #[test]
 fn routes_only_to_endpoints_serving_the_model() {
@@ -52,7 +82,7 @@ fn routes_only_to_endpoints_serving_the_model() {
     let body = chat("m");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
     for _ in 0..10 {
-        let d = r.decide(&req, NONE).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
         assert!([addr(8001), addr(8002)].contains(&d.primary().address));
         let eps = &d.plan.endpoints;
         assert_eq!(eps.len(), 2, "pick + 1 fallback");
@@ -69,7 +99,7 @@ fn adapter_names_route_to_endpoints_that_serve_the_adapter() {
     let r = router(CONFIG);
     let body = chat("lora-x");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let d = r.decide(&req, NONE).unwrap();
+    let d = decide_now(&r, &req, NONE).unwrap();
     assert_eq!(d.primary().address, addr(8002));
     assert_eq!(d.plan.endpoints.len(), 1, "only one endpoint serves it");
     assert_eq!(d.plan.adapter.as_deref(), Some("lora-x"));
@@ -80,7 +110,7 @@ fn unknown_model_is_an_error_naming_it() {
     let r = router(CONFIG);
     let body = chat("nope");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let err = r.decide(&req, NONE).unwrap_err();
+    let err = decide_now(&r, &req, NONE).unwrap_err();
     assert_eq!(
         err,
         RouteError::UnknownModel {
@@ -99,18 +129,18 @@ fn subset_hint_restricts_and_can_exclude_everything() {
     for _ in 0..5 {
         let ctx = RouteContext {
             subset: Some(&hint),
-            tenant: None,
+            ..NONE
         };
-        let d = r.decide(&req, ctx).unwrap();
+        let d = decide_now(&r, &req, ctx).unwrap();
         assert_eq!(d.primary().address, addr(8002));
         assert_eq!(d.plan.endpoints.len(), 1);
     }
     let only_other = [addr(8003)];
     let ctx = RouteContext {
         subset: Some(&only_other),
-        tenant: None,
+        ..NONE
     };
-    let err = r.decide(&req, ctx).unwrap_err();
+    let err = decide_now(&r, &req, ctx).unwrap_err();
     assert!(matches!(err, RouteError::NoEndpoint { .. }), "{err:?}");
 }
 
@@ -119,7 +149,7 @@ fn requests_without_a_model_go_to_any_endpoint() {
     let r = router(CONFIG);
     let req = request::parse(ApiKind::Other, b"").unwrap();
     let picks: std::collections::HashSet<SocketAddr> = (0..6)
-        .map(|_| r.decide(&req, NONE).unwrap().primary().address)
+        .map(|_| decide_now(&r, &req, NONE).unwrap().primary().address)
         .collect();
     assert_eq!(picks.len(), 3, "spread over every endpoint: {picks:?}");
 }
@@ -129,8 +159,10 @@ fn decisions_count_in_flight_until_dropped_and_balance_load() {
     let r = router(CONFIG);
     let body = chat("m");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let held: Vec<Decision> = (0..4).map(|_| r.decide(&req, NONE).unwrap()).collect();
-    let set = r.endpoints();
+    let held: Vec<Decision> = (0..4)
+        .map(|_| decide_now(&r, &req, NONE).unwrap())
+        .collect();
+    let set = endpoints(&r);
     let loads: Vec<u64> = [8001, 8002]
         .iter()
         .map(|&p| {
@@ -161,7 +193,7 @@ fn reload_swaps_endpoints_and_policy_but_keeps_in_flight_accounting() {
     let r = router(CONFIG);
     let body = chat("m");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let held = r.decide(&req, NONE).unwrap();
+    let held = decide_now(&r, &req, NONE).unwrap();
     let held_addr = held.primary().address;
     let mut next = Config::parse_and_validate(CONFIG, "test").unwrap();
     next.policy.name = PolicyName::RoundRobin;
@@ -171,10 +203,10 @@ fn reload_swaps_endpoints_and_policy_but_keeps_in_flight_accounting() {
     });
     let change = r.apply(next).unwrap();
     assert_eq!(change.added, vec![addr(8009)]);
-    let d = r.decide(&req, NONE).unwrap();
+    let d = decide_now(&r, &req, NONE).unwrap();
     assert_eq!(d.policy(), "round-robin");
     drop(d);
-    let set = r.endpoints();
+    let set = endpoints(&r);
     assert_eq!(
         set.get(&held_addr)
             .unwrap()
@@ -204,7 +236,10 @@ fn draining_endpoints_get_no_new_requests_and_all_draining_is_503() {
     let body = chat("m");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
     for _ in 0..4 {
-        assert_eq!(r.decide(&req, NONE).unwrap().primary().address, addr(8002));
+        assert_eq!(
+            decide_now(&r, &req, NONE).unwrap().primary().address,
+            addr(8002)
+        );
     }
     let yaml = yaml.replace(
         "      - address: 127.0.0.1:8002\n",
@@ -212,7 +247,7 @@ fn draining_endpoints_get_no_new_requests_and_all_draining_is_503() {
     );
     r.apply(Config::parse_and_validate(&yaml, "test").unwrap())
         .unwrap();
-    let err = r.decide(&req, NONE).unwrap_err();
+    let err = decide_now(&r, &req, NONE).unwrap_err();
     assert_eq!(
         err.to_string(),
         "No endpoint is available for model `m`: every endpoint serving it is draining."
@@ -221,10 +256,7 @@ fn draining_endpoints_get_no_new_requests_and_all_draining_is_503() {
 
 /// A config with the real SmolLM2 tokenizer from the shared fixture.
 fn tokenized(policy: &str, extra: &str) -> Router {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/vllm-0.32-cpu-smollm2")
-        .canonicalize()
-        .expect("the shared fixture");
+    let fixture = crate::prefix::tests::fixture_dir();
     router(&format!(
         "policy: {{name: {policy}}}\n{extra}\nmodels: [{{name: m, tokenizer: \"{}\"}}]\npools: [{{name: a, models: [m], adapters: [lora-x], endpoints: [{{address: '127.0.0.1:8001'}}, {{address: '127.0.0.1:8002'}}, {{address: '127.0.0.1:8003'}}]}}]",
         fixture.display()
@@ -248,7 +280,7 @@ fn repeated_system_prompt_goes_where_it_is_cached() {
     let r = tokenized("predicted-ttft", "");
     let first_body = chat_sys("m", "Where is parcel 1?");
     let first = request::parse(ApiKind::ChatCompletions, &first_body).unwrap();
-    let d = r.decide(&first, NONE).unwrap();
+    let d = decide_now(&r, &first, NONE).unwrap();
     assert!(d.plan.prefix.exact, "tokenized with the real tokenizer");
     assert!(d.plan.prefix.tokens > 400);
     let holder = d.primary().address;
@@ -256,7 +288,7 @@ fn repeated_system_prompt_goes_where_it_is_cached() {
     for i in 2..6 {
         let body = chat_sys("m", &format!("Where is parcel {i}?"));
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let d = r.decide(&req, NONE).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
         assert_eq!(
             d.primary().address,
             holder,
@@ -287,7 +319,7 @@ fn a_hot_prefix_spills_to_other_endpoints_under_load() {
     for i in 0..30 {
         let body = chat_sys("m", &format!("Question {i}"));
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let d = r.decide(&req, NONE).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
         *per_endpoint.entry(d.primary().address).or_insert(0) += 1;
         held.push(d); // none finishes: the holder's queue grows
     }
@@ -311,7 +343,7 @@ fn prefix_affinity_melts_where_predicted_ttft_spills() {
     for i in 0..20 {
         let body = chat_sys("m", &format!("Question {i}"));
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let d = r.decide(&req, NONE).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
         picks.insert(d.primary().address);
         held.push(d);
     }
@@ -327,13 +359,13 @@ fn tenants_never_share_prefixes_unless_grouped() {
     let body = chat_sys("m", "q");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
     let tenant = |t: &'static str| RouteContext {
-        subset: None,
         tenant: Some(t),
+        ..NONE
     };
-    let d = r.decide(&req, tenant("acme-a")).unwrap();
+    let d = decide_now(&r, &req, tenant("acme-a")).unwrap();
     drop(d);
     let matched = |ctx| {
-        let d = r.plan(&req, ctx).unwrap();
+        let d = plan_now(&r, &req, ctx).unwrap();
         d.candidates.iter().map(|c| c.matched_tokens).max().unwrap()
     };
     assert!(matched(tenant("acme-b")) > 0, "same share group");
@@ -344,7 +376,7 @@ fn tenants_never_share_prefixes_unless_grouped() {
         {"role": "system", "content": system_prompt()}, {"role": "user", "content": "q"}]})
     .to_string();
     let salted = request::parse(ApiKind::ChatCompletions, salted.as_bytes()).unwrap();
-    let d = r.plan(&salted, tenant("acme-a")).unwrap();
+    let d = plan_now(&r, &salted, tenant("acme-a")).unwrap();
     assert_eq!(
         d.candidates.iter().map(|c| c.matched_tokens).max().unwrap(),
         0
@@ -356,10 +388,10 @@ fn adapters_do_not_share_the_base_models_prefixes() {
     let r = tokenized("prefix-affinity", "");
     let base = chat_sys("m", "q");
     let base = request::parse(ApiKind::ChatCompletions, &base).unwrap();
-    drop(r.decide(&base, NONE).unwrap());
+    drop(decide_now(&r, &base, NONE).unwrap());
     let lora = chat_sys("lora-x", "q");
     let lora = request::parse(ApiKind::ChatCompletions, &lora).unwrap();
-    let p = r.plan(&lora, NONE).unwrap();
+    let p = plan_now(&r, &lora, NONE).unwrap();
     assert!(
         p.prefix.exact,
         "the adapter uses its base model's tokenizer"
@@ -375,9 +407,9 @@ fn removing_an_endpoint_drops_its_cache_entries() {
     let r = tokenized("prefix-affinity", "");
     let body = chat_sys("m", "q");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let holder = r.decide(&req, NONE).unwrap().primary().clone();
-    assert!(r.index().stats().entries > 0);
-    let mut config = (*r.config()).clone();
+    let holder = decide_now(&r, &req, NONE).unwrap().primary().clone();
+    assert!(r.tables.index.stats().entries > 0);
+    let mut config = (*config(&r)).clone();
     config.pools[0]
         .endpoints
         .retain(|e| e.address != holder.address.to_string());
@@ -390,7 +422,7 @@ fn removing_an_endpoint_drops_its_cache_entries() {
             ..Default::default()
         });
     r.apply(config).unwrap();
-    let p = r.plan(&req, NONE).unwrap();
+    let p = plan_now(&r, &req, NONE).unwrap();
     assert_eq!(
         p.candidates.iter().map(|c| c.matched_tokens).max().unwrap(),
         0
@@ -402,7 +434,7 @@ fn explanations_show_the_breakdown_but_never_the_prompt() {
     let r = tokenized("predicted-ttft", "debug: {record_decisions: 2}");
     let body = chat_sys("m", "The secret word is xylophone-42.");
     let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-    let d = r.decide(&req, NONE).unwrap();
+    let d = decide_now(&r, &req, NONE).unwrap();
     let e = d.plan.explain();
     assert_eq!(e.candidates.len(), 3);
     assert_eq!(e.pick, d.primary().address_str.to_string());
@@ -419,7 +451,7 @@ fn explanations_show_the_breakdown_but_never_the_prompt() {
         "{text}"
     );
     // The decision log keeps the last two by request id.
-    let log = r.decision_log();
+    let log = &r.tables.decisions;
     for id in ["a", "b", "c"] {
         log.record(id, e.clone());
     }
@@ -430,7 +462,8 @@ fn explanations_show_the_breakdown_but_never_the_prompt() {
 mod signals {
     //! Health, scraped engine signals, staleness and learned speeds in the decision.
     use super::*;
-    use crate::discovery::EndpointSink;
+    use crate::discovery::Endpoint;
+    use crate::health::BreakerState;
     use crate::load::{EngineSample, TtftContext};
     use std::time::Duration;
     use tokio::time::Instant;
@@ -460,8 +493,8 @@ pools:
     }
 
     fn eject(r: &Router, port: u16) {
-        let ep = r.endpoints().get(&addr(port)).cloned().unwrap();
-        let cfg = r.config();
+        let ep = endpoints(r).get(&addr(port)).cloned().unwrap();
+        let cfg = config(r);
         for _ in 0..cfg.health.probe.failure_threshold {
             ep.health.record_probe(false, &cfg.health);
         }
@@ -474,7 +507,7 @@ pools:
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
         eject(&r, 8002);
         for _ in 0..6 {
-            let d = r.decide(&req, NONE).unwrap();
+            let d = decide_now(&r, &req, NONE).unwrap();
             assert_ne!(d.primary().address, addr(8002));
             let eps: Vec<SocketAddr> = d.plan.endpoints.iter().map(|e| e.address).collect();
             assert_eq!(eps.len(), 3);
@@ -484,18 +517,21 @@ pools:
         }
         eject(&r, 8001);
         eject(&r, 8003);
-        let err = r.decide(&req, NONE).unwrap_err();
+        let err = decide_now(&r, &req, NONE).unwrap_err();
         assert_eq!(
             err.to_string(),
             "No endpoint is available for model `m`: every endpoint serving it is unhealthy."
         );
         // One comes back: traffic resumes.
-        let ep = r.endpoints().get(&addr(8003)).cloned().unwrap();
-        let cfg = r.config();
+        let ep = endpoints(&r).get(&addr(8003)).cloned().unwrap();
+        let cfg = config(&r);
         for _ in 0..cfg.health.probe.success_threshold {
             ep.health.record_probe(true, &cfg.health);
         }
-        assert_eq!(r.decide(&req, NONE).unwrap().primary().address, addr(8003));
+        assert_eq!(
+            decide_now(&r, &req, NONE).unwrap().primary().address,
+            addr(8003)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -503,12 +539,15 @@ pools:
         let r = router(&format!("{THREE}\nhealth: {{breaker: {{open_ms: 1000}}}}"));
         let body = chat("m");
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let ep = r.endpoints().get(&addr(8001)).cloned().unwrap();
+        let ep = endpoints(&r).get(&addr(8001)).cloned().unwrap();
         for _ in 0..3 {
-            r.record_outcome(&ep, false);
+            r.tables.record_outcome(&ep, false, &config(&r).health);
         }
-        let picks =
-            |n: usize| -> Vec<Decision> { (0..n).map(|_| r.decide(&req, NONE).unwrap()).collect() };
+        let picks = |n: usize| -> Vec<Decision> {
+            (0..n)
+                .map(|_| decide_now(&r, &req, NONE).unwrap())
+                .collect()
+        };
         assert!(
             picks(4).iter().all(|d| d.primary().address != addr(8001)),
             "open"
@@ -521,19 +560,19 @@ pools:
             .filter(|d| d.primary().address == addr(8001))
             .collect();
         assert_eq!(trials.len(), 1);
-        assert!(trials[0].trial.is_some());
+        assert!(trials[0].ticket.trial.is_some());
         assert!(trials[0].plan.explain().candidates.iter().any(|c| c.trial));
         drop(held);
         // Two good trials close it.
         let only = [addr(8001)];
         let ctx = RouteContext {
             subset: Some(&only),
-            tenant: None,
+            ..NONE
         };
         for _ in 0..2 {
-            let d = r.decide(&req, ctx).unwrap();
-            assert!(d.trial.is_some());
-            r.record_outcome(&ep, true);
+            let d = decide_now(&r, &req, ctx).unwrap();
+            assert!(d.ticket.trial.is_some());
+            r.tables.record_outcome(&ep, true, &config(&r).health);
         }
         let held = picks(6);
         assert_eq!(
@@ -552,7 +591,7 @@ pools:
         ));
         let body = chat("m");
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let set = r.endpoints();
+        let set = endpoints(&r);
         for p in [8001, 8002, 8003] {
             set.get(&addr(p))
                 .unwrap()
@@ -560,7 +599,7 @@ pools:
                 .engine
                 .store(sample(u64::from(p - 8000), None));
         }
-        let plan = r.plan(&req, NONE).unwrap();
+        let plan = plan_now(&r, &req, NONE).unwrap();
         assert!(!plan.stale_signals());
         let e = plan.explain();
         assert!(!e.stale_signals);
@@ -579,7 +618,7 @@ pools:
             .load
             .engine
             .store(sample(0, None));
-        let d = r.decide(&req, NONE).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
         assert!(d.plan.stale_signals());
         let e = d.plan.explain();
         let row = |port: u16| {
@@ -598,7 +637,7 @@ pools:
         );
         assert_eq!(row(8002).engine_age_ms, Some(2500));
         assert!(e.to_text().contains("stale engine signals"));
-        let text = r.metrics().render(&r.endpoints());
+        let text = r.tables.metrics.render(&endpoints(&r));
         assert!(
             text.contains("kvrouter_decisions_on_stale_signals_total{policy=\"least-loaded\"} 1"),
             "{text}"
@@ -606,7 +645,7 @@ pools:
 
         // Scraping off: nothing is expected, nothing is degraded.
         let r = router(&format!("{THREE}\nload: {{scrape: {{enabled: false}}}}"));
-        let plan = r.plan(&req, NONE).unwrap();
+        let plan = plan_now(&r, &req, NONE).unwrap();
         assert!(!plan.stale_signals());
         assert!(plan.signals.iter().all(|s| s.engine == "not-scraped"));
         assert!(plan.candidates.iter().all(|c| c.engine.is_none()));
@@ -627,8 +666,8 @@ pools:
         let r = router(&yaml);
         let body = chat("m");
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-        let ep = r.endpoints().get(&addr(8002)).cloned().unwrap();
-        let cfg = r.config();
+        let ep = endpoints(&r).get(&addr(8002)).cloned().unwrap();
+        let cfg = config(&r);
         let ctx = TtftContext {
             work_tokens: 4000,
             fixed_ms: 0.0,
@@ -636,7 +675,7 @@ pools:
             engine_waiting: None,
         };
         for i in 0..cfg.load.learning.min_samples {
-            let plan = r.plan(&req, NONE).unwrap();
+            let plan = plan_now(&r, &req, NONE).unwrap();
             let i_ep = plan
                 .candidates
                 .iter()
@@ -648,7 +687,7 @@ pools:
                 .learned
                 .observe(&ctx, 800.0, &cfg.load.learning, Instant::now());
         }
-        let plan = r.plan(&req, NONE).unwrap();
+        let plan = plan_now(&r, &req, NONE).unwrap();
         let c = plan
             .candidates
             .iter()
@@ -669,28 +708,130 @@ pools:
             "the slow replica is not picked"
         );
         // The decision hands the observer what it needs to learn from the first byte.
-        let d = r.decide(&req, NONE).unwrap();
-        assert!(d.ttft.predicted_ms > 0.0);
-        assert_eq!(d.ttft.work_tokens, d.plan.uncached_tokens());
+        let d = decide_now(&r, &req, NONE).unwrap();
+        let ttft = d.ticket.ttft.as_ref().expect("a prediction to learn from");
+        assert!(ttft.predicted_ms > 0.0);
+        assert_eq!(ttft.work_tokens, d.plan.uncached_tokens());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_ticket_applies_response_facts_to_health_load_and_learning() {
+        let r = router(&format!(
+            "{THREE}\nload: {{learning: {{ttft_residual: true}}}}"
+        ));
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let cfg = config(&r);
+        let samples = |ep: &Endpoint| {
+            ep.load
+                .learned
+                .snapshot(&cfg.load.learning, tokio::time::Instant::now())
+                .residual_samples
+        };
+        let in_flight = |ep: &Endpoint| ep.load.snapshot().in_flight_requests;
+        // One request held on each of the others: least-loaded picks 8001 every round.
+        let set = endpoints(&r);
+        let _held: Vec<_> = [8002, 8003]
+            .iter()
+            .map(|&p| set.get(&addr(p)).unwrap().load.begin(0))
+            .collect();
+        for round in 0..cfg.health.breaker.failure_threshold {
+            let Decision { plan, ticket, .. } = decide_now(&r, &req, NONE).unwrap();
+            let mut ticket = ticket;
+            let (pick, fallback) = (
+                Arc::clone(&plan.endpoints[0]),
+                Arc::clone(&plan.endpoints[1]),
+            );
+            assert_eq!(pick.address, addr(8001));
+            assert_eq!((in_flight(&pick), in_flight(&fallback)), (1, 1));
+            // Envoy tried the pick, then served the request from the first fallback.
+            ticket.on_response_headers(ResponseFacts {
+                status: Some(200),
+                served: Some(fallback.address),
+                attempts: Some(2),
+            });
+            assert_eq!(ticket.endpoint(), &*fallback.address_str, "round {round}");
+            assert_eq!(
+                (in_flight(&pick), in_flight(&fallback)),
+                (0, 2),
+                "load moved"
+            );
+            assert!(ticket.ttft.is_none() && ticket.trial.is_none());
+            let before = samples(&fallback);
+            ticket.on_first_byte(std::time::Instant::now());
+            assert_eq!(fallback.load.snapshot().in_flight_prefill_tokens, 0);
+            assert_eq!(samples(&fallback), before, "the prediction was the pick's");
+            drop(ticket);
+            assert_eq!(
+                in_flight(&fallback),
+                1,
+                "released once, where it was counted"
+            );
+            let state = pick
+                .health
+                .snapshot(tokio::time::Instant::now(), &cfg.health);
+            let opened = round + 1 == cfg.health.breaker.failure_threshold;
+            assert_eq!(state.breaker == BreakerState::Open, opened, "round {round}");
+        }
+        // The pick serves its own request: its first byte teaches it.
+        let Decision { plan, ticket, .. } = decide_now(&r, &req, NONE).unwrap();
+        let mut ticket = ticket;
+        let pick = Arc::clone(plan.primary());
+        assert_ne!(pick.address, addr(8001), "open");
+        let before = samples(&pick);
+        ticket.on_response_headers(ResponseFacts {
+            status: Some(200),
+            served: Some(pick.address),
+            attempts: Some(1),
+        });
+        ticket.on_first_byte(std::time::Instant::now());
+        assert_eq!(samples(&pick), before + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_is_judged_by_the_config_its_request_was_routed_under() {
+        let strict = format!("{THREE}\nhealth: {{breaker: {{failure_threshold: 1}}}}");
+        let r = router(&strict);
+        let body = chat("m");
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let mut held = decide_now(&r, &req, NONE).unwrap();
+        let pick = Arc::clone(held.primary());
+        // Reloaded while the request runs: the breaker now tolerates five failures.
+        r.apply(Config::parse_and_validate(&strict.replace("1}}", "5}}"), "t").unwrap())
+            .unwrap();
+        assert_eq!(config(&r).health.breaker.failure_threshold, 5);
+        held.ticket.on_response_headers(ResponseFacts {
+            status: Some(503),
+            served: None,
+            attempts: None,
+        });
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            pick.health.snapshot(now, &config(&r).health).breaker,
+            BreakerState::Open,
+            "one failure opens it, as the request's own config says"
+        );
     }
 
     #[test]
     fn any_source_removing_an_endpoint_drops_its_cache_entries() {
         let r = tokenized("prefix-affinity", "");
         let discovered = ResolvedEndpoint::new(addr(9001), "dns", &["m"]);
-        let change = r.publish("dns:x", vec![discovered]);
+        let sink = r.handles().discovery;
+        let change = sink.publish("dns:x", vec![discovered]);
         assert_eq!(change.added, vec![addr(9001)]);
         let body = chat_sys("m", "q");
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
         let subset = [addr(9001)];
         let ctx = RouteContext {
             subset: Some(&subset),
-            tenant: None,
+            ..NONE
         };
-        drop(r.decide(&req, ctx).unwrap());
-        let id = r.endpoints().get(&addr(9001)).unwrap().id;
+        drop(decide_now(&r, &req, ctx).unwrap());
+        let id = endpoints(&r).get(&addr(9001)).unwrap().id;
         let held = |r: &Router| {
-            r.index()
+            r.tables
+                .index
                 .stats()
                 .endpoints
                 .iter()
@@ -698,7 +839,7 @@ pools:
                 .map_or(0, |e| e.blocks)
         };
         assert!(held(&r) > 0);
-        let change = r.remove("dns:x");
+        let change = sink.remove("dns:x");
         assert_eq!(change.removed, vec![addr(9001)]);
         assert_eq!(held(&r), 0);
     }
@@ -706,12 +847,13 @@ pools:
     #[test]
     fn the_engines_reported_capacity_sizes_the_index_unless_configured() {
         let r = router(THREE);
-        let set = r.endpoints();
+        let set = endpoints(&r);
         let ep = set.get(&addr(8001)).unwrap();
         ep.load.engine.store(sample(0, Some(16 * 1000)));
-        r.apply_engine_capacity(ep);
+        r.handles().capacity.engine_capacity_changed(ep);
         let capacity = |r: &Router, id| {
-            r.index()
+            r.tables
+                .index
                 .stats()
                 .endpoints
                 .iter()
@@ -729,8 +871,8 @@ pools:
         );
         r.apply(Config::parse_and_validate(&configured, "t").unwrap())
             .unwrap();
-        let ep = r.endpoints().get(&addr(8001)).cloned().unwrap();
-        r.apply_engine_capacity(&ep);
+        let ep = endpoints(&r).get(&addr(8001)).cloned().unwrap();
+        r.handles().capacity.engine_capacity_changed(&ep);
         assert_eq!(capacity(&r, ep.id), Some(200), "the config wins");
     }
 }

@@ -1,5 +1,5 @@
-//! The "must show" comparisons, computed from a report's runs as the plan's `analysis` section
-//! names them. A comparison whose runs are missing or failed says so instead of a number.
+//! The "must show" comparisons, computed from a bench's runs as the plan's `analysis` section
+//! names them (the report stores the result; this module knows nothing of the report). A comparison whose runs are missing or failed says so instead of a number.
 //!
 //! - Shared prefix, high load (the workload's highest rate): the subject's TTFT p90 against the
 //!   baseline's and against the best other cache-aware policy's (goals 0.05x and 0.5x).
@@ -17,10 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::client::RequestRecord;
 use super::oracle::CrossTenant;
-use super::plan::Action;
-use super::report::Report;
+use super::plan::{Action, AnalysisSpec};
+use super::results::RunResult;
 use super::stats::percentile;
-use super::suite::RunResult;
 
 /// Smallest last-quarter mean queue that can count as running away.
 pub const RUNAWAY_MIN_QUEUE: f64 = 8.0;
@@ -119,16 +118,13 @@ pub struct Disturbance {
     pub recovery_ms: Option<f64>,
 }
 
-fn runs<'a>(report: &'a Report, workload: &str) -> Vec<&'a RunResult> {
-    let top = report
-        .runs
+fn runs<'a>(all: &'a [RunResult], workload: &str) -> Vec<&'a RunResult> {
+    let top = all
         .iter()
         .filter(|r| r.workload == workload)
         .map(|r| r.rate)
         .fold(f64::NEG_INFINITY, f64::max);
-    report
-        .runs
-        .iter()
+    all.iter()
         .filter(|r| {
             r.workload == workload && r.rate == top && r.failed.is_none() && r.stats.is_some()
         })
@@ -146,9 +142,8 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Computes every comparison the plan asks for.
-pub fn analyse(report: &Report) -> Analysis {
-    let spec = &report.plan.analysis;
+/// Computes every comparison `spec` (the plan's `analysis`) asks for over `all` runs.
+pub fn analyse(spec: &AnalysisSpec, all: &[RunResult]) -> Analysis {
     let mut a = Analysis::default();
     let mut need = |what: &str, workload: &str, label: &str, runs: &[&RunResult]| {
         if find(runs, label).is_none() {
@@ -158,7 +153,7 @@ pub fn analyse(report: &Report) -> Analysis {
         }
     };
     if !spec.shared_prefix.is_empty() {
-        let rs = runs(report, &spec.shared_prefix);
+        let rs = runs(all, &spec.shared_prefix);
         need("shared prefix", &spec.shared_prefix, &spec.subject, &rs);
         need("shared prefix", &spec.shared_prefix, &spec.baseline, &rs);
         let p90 = |l: &str| find(&rs, l).and_then(|r| r.stats.as_ref()?.ttft_ms.p90);
@@ -179,7 +174,7 @@ pub fn analyse(report: &Report) -> Analysis {
         });
     }
     if !spec.unique.is_empty() {
-        let rs = runs(report, &spec.unique);
+        let rs = runs(all, &spec.unique);
         need("unique", &spec.unique, &spec.subject, &rs);
         need("unique", &spec.unique, &spec.baseline, &rs);
         let get = |l: &str, f: fn(&super::stats::Latency) -> Option<f64>| {
@@ -208,7 +203,7 @@ pub fn analyse(report: &Report) -> Analysis {
         });
     }
     if !spec.hot_prefix.is_empty() {
-        a.hot_prefix = runs(report, &spec.hot_prefix)
+        a.hot_prefix = runs(all, &spec.hot_prefix)
             .into_iter()
             .map(queue_growth)
             .collect();
@@ -224,13 +219,13 @@ pub fn analyse(report: &Report) -> Analysis {
         );
     }
     if !spec.multi_tenant.is_empty() {
-        a.multi_tenant = runs(report, &spec.multi_tenant)
+        a.multi_tenant = runs(all, &spec.multi_tenant)
             .into_iter()
             .filter_map(|r| Some((r.label.clone(), r.cross_tenant.clone()?)))
             .collect();
     }
     if !spec.kill_restart.is_empty() {
-        a.kill_restart = runs(report, &spec.kill_restart)
+        a.kill_restart = runs(all, &spec.kill_restart)
             .into_iter()
             .filter_map(disturbance)
             .collect();
@@ -323,11 +318,10 @@ fn disturbance(r: &RunResult) -> Option<Disturbance> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Plan;
+    use crate::results::CpuUse;
     use crate::scenario::EventRecord;
     use crate::scrape::Histogram;
     use crate::stats::{ReplicaStats, RunStats};
-    use crate::suite::CpuUse;
 
     fn record(id: usize, sent: f64, ttft: f64, ok: bool) -> RequestRecord {
         RequestRecord {
@@ -344,6 +338,7 @@ mod tests {
             prompt_tokens: Some(10),
             cached_tokens: Some(0),
             completion_tokens: Some(1),
+            bypassed: false,
         }
     }
 
@@ -354,6 +349,8 @@ mod tests {
             rate: 1.0,
             label: label.into(),
             policy: label.into(),
+            seed: 0,
+            order: 0,
             failed: None,
             stats: Some(stats),
             bound: None,
@@ -362,6 +359,8 @@ mod tests {
             cpu: CpuUse::default(),
             events: Vec::new(),
             token_mismatches: 0,
+            router_time: Vec::new(),
+            divergence: None,
             records,
             samples: Vec::new(),
         }
@@ -388,28 +387,28 @@ mod tests {
 
     #[test]
     fn ratios_runaway_queues_and_disturbance() {
-        let mut plan = Plan::default();
-        plan.analysis.subject = "s".into();
-        plan.analysis.baseline = "b".into();
-        plan.analysis.cache_aware = vec!["c1".into(), "c2".into(), "s".into()];
-        plan.analysis.affinity = "c1".into();
-        plan.analysis.shared_prefix = "sp".into();
-        plan.analysis.unique = "u".into();
-        plan.analysis.hot_prefix = "hot".into();
-        plan.analysis.kill_restart = "kill".into();
-        let mut report = Report::new(plan);
+        let spec = AnalysisSpec {
+            subject: "s".into(),
+            baseline: "b".into(),
+            cache_aware: vec!["c1".into(), "c2".into(), "s".into()],
+            affinity: "c1".into(),
+            shared_prefix: "sp".into(),
+            unique: "u".into(),
+            hot_prefix: "hot".into(),
+            kill_restart: "kill".into(),
+            ..AnalysisSpec::default()
+        };
+        let mut runs = Vec::new();
         for (label, p90) in [("s", 50.0), ("b", 2000.0), ("c1", 400.0), ("c2", 100.0)] {
-            report
-                .runs
-                .push(run("sp", label, with_p90(p90), Vec::new()));
+            runs.push(run("sp", label, with_p90(p90), Vec::new()));
         }
-        report.runs.push(run("u", "s", with_p90(104.0), Vec::new()));
-        report.runs.push(run("u", "b", with_p90(100.0), Vec::new()));
+        runs.push(run("u", "s", with_p90(104.0), Vec::new()));
+        runs.push(run("u", "b", with_p90(100.0), Vec::new()));
         let hot = |reps: Vec<ReplicaStats>| RunStats {
             replicas: reps,
             ..RunStats::default()
         };
-        report.runs.push(run(
+        runs.push(run(
             "hot",
             "c1",
             hot(vec![
@@ -418,7 +417,7 @@ mod tests {
             ]),
             Vec::new(),
         ));
-        report.runs.push(run(
+        runs.push(run(
             "hot",
             "s",
             hot(vec![
@@ -457,9 +456,9 @@ mod tests {
                 outcome: "ok".into(),
             },
         ];
-        report.runs.push(killed);
+        runs.push(killed);
 
-        let a = analyse(&report);
+        let a = analyse(&spec, &runs);
         let sp = a.shared_prefix.unwrap();
         assert_eq!(sp.vs_baseline, Some(0.025));
         assert_eq!(
@@ -494,9 +493,11 @@ mod tests {
 
     #[test]
     fn missing_runs_are_named() {
-        let mut plan = Plan::default();
-        plan.analysis.shared_prefix = "sp".into();
-        let a = analyse(&Report::new(plan));
+        let spec = AnalysisSpec {
+            shared_prefix: "sp".into(),
+            ..AnalysisSpec::default()
+        };
+        let a = analyse(&spec, &[]);
         assert_eq!(a.missing.len(), 2, "{:?}", a.missing);
         assert!(a.missing[0].contains("predicted-ttft"));
         assert_eq!(a.shared_prefix.unwrap().vs_baseline, None);

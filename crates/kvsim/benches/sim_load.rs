@@ -57,7 +57,7 @@ async fn main() {
             "a100-llama3-8b"
         };
         yaml.push_str(&format!(
-            "  - {{name: r{i}, models: [llama], profile: {profile}, time_scale: {time_scale}, kv_events: {{endpoint: \"tcp://*:0\"}}}}\n"
+            "  - {{name: r{i}, models: [llama], profile: {profile}, time_scale: {time_scale}, kv_events: {{endpoint: \"tcp://127.0.0.1:0\", bind: true}}}}\n"
         ));
     }
     std::fs::write(&fleet, yaml).expect("write fleet");

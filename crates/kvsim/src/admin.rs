@@ -1,12 +1,12 @@
 //! Fault injection and maintenance endpoints, under `/admin/` on the replica's own port.
 //! Only loopback peers may call them (others get 403). Durations are real (tokio) time, not
 //! divided by `time_scale`. Every endpoint answers with the engine state after the command.
+//! The fault state itself is the replica's ([`crate::faults`]).
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::convert::Infallible;
 
 use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::request::Parts;
@@ -18,26 +18,11 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::time::Instant;
 
 use super::driver::AdminCommand;
+use super::faults::Faults;
 use super::openai::error;
 use super::replica::Replica;
-
-/// HTTP-level faults in force.
-#[derive(Debug, Default)]
-pub struct Faults {
-    fail: Option<FailFault>,
-    down_until: Option<Instant>,
-}
-
-#[derive(Debug)]
-struct FailFault {
-    status: StatusCode,
-    remaining: Option<u64>,
-    until: Option<Instant>,
-    message: String,
-}
 
 /// `POST /admin/fail` body.
 #[derive(Debug, Deserialize)]
@@ -91,43 +76,8 @@ struct RestartBody {
     down_ms: u64,
 }
 
-/// A 503 while the replica is "restarting".
-pub(super) fn down_response(r: &Replica) -> Option<Response> {
-    let mut faults = r.faults.lock();
-    match faults.down_until {
-        Some(t) if Instant::now() < t => Some(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the replica is restarting",
-            None,
-        )),
-        Some(_) => {
-            faults.down_until = None;
-            None
-        }
-        None => None,
-    }
-}
-
-/// The injected failure for a generation request, if one is in force.
-pub(super) fn fault_response(r: &Replica) -> Option<Response> {
-    if let Some(resp) = down_response(r) {
-        return Some(resp);
-    }
-    let mut faults = r.faults.lock();
-    let fail = faults.fail.as_mut()?;
-    let expired = fail.until.is_some_and(|t| Instant::now() >= t) || fail.remaining == Some(0);
-    if expired {
-        faults.fail = None;
-        return None;
-    }
-    if let Some(n) = &mut fail.remaining {
-        *n -= 1;
-    }
-    Some(error(fail.status, fail.message.clone(), None))
-}
-
 /// The `/admin/` routes.
-pub(super) fn routes() -> Router<Arc<Replica>> {
+pub(crate) fn routes() -> Router<Arc<Replica>> {
     Router::new()
         .route("/admin/state", get(state))
         .route("/admin/fail", post(fail).delete(clear_fail))
@@ -182,11 +132,11 @@ async fn command(r: &Replica, cmd: AdminCommand) -> Response {
             None,
         );
     };
-    let faults = r.faults.lock();
-    let failing = faults
-        .fail
-        .as_ref()
-        .map(|f| json!({"status": f.status.as_u16(), "remaining": f.remaining}));
+    let failing = r
+        .faults
+        .lock()
+        .failing()
+        .map(|(status, remaining)| json!({"status": status, "remaining": remaining}));
     Json(json!({"replica": r.name(), "engine": state, "failing": failing})).into_response()
 }
 
@@ -215,14 +165,12 @@ async fn fail(State(r): State<Arc<Replica>>, peer: Peer, bytes: Bytes) -> Respon
             )
         }
     };
-    r.faults.lock().fail = Some(FailFault {
+    r.faults.lock().fail(
         status,
-        remaining: parsed.count,
-        until: parsed
-            .duration_ms
-            .map(|ms| Instant::now() + Duration::from_millis(ms)),
-        message: parsed.message.unwrap_or_else(|| "injected failure".into()),
-    });
+        parsed.count,
+        parsed.duration_ms.map(Duration::from_millis),
+        parsed.message.unwrap_or_else(|| "injected failure".into()),
+    );
     command(&r, AdminCommand::State).await
 }
 
@@ -230,7 +178,7 @@ async fn clear_fail(State(r): State<Arc<Replica>>, peer: Peer) -> Response {
     if let Some(resp) = refuse(&peer) {
         return resp;
     }
-    r.faults.lock().fail = None;
+    r.faults.lock().clear_fail();
     command(&r, AdminCommand::State).await
 }
 
@@ -279,11 +227,8 @@ async fn restart(State(r): State<Arc<Replica>>, peer: Peer, bytes: Bytes) -> Res
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e, None),
     };
-    {
-        let mut faults = r.faults.lock();
-        faults.fail = None;
-        faults.down_until =
-            (parsed.down_ms > 0).then(|| Instant::now() + Duration::from_millis(parsed.down_ms));
-    }
+    r.faults
+        .lock()
+        .restart(Duration::from_millis(parsed.down_ms));
     command(&r, AdminCommand::Restart).await
 }

@@ -82,6 +82,9 @@ pub struct KvEventsConfig {
     pub endpoint: String,
     /// Topic frame of every message. Default empty (vLLM's default).
     pub topic: String,
+    /// Bind `endpoint` even though its host is not a wildcard (e.g. `tcp://127.0.0.1:0`, so a
+    /// test's publisher listens on loopback only). vLLM has no such switch. Default false.
+    pub bind: bool,
 }
 
 impl Default for KvEventsConfig {
@@ -89,11 +92,12 @@ impl Default for KvEventsConfig {
         Self {
             endpoint: "tcp://*:5557".into(),
             topic: String::new(),
+            bind: false,
         }
     }
 }
 
-/// The files of a Hugging Face tokenizer (the same ones the router uses).
+/// The files of a Hugging Face tokenizer (see [`crate::hf_tokenizer`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizerPaths {
@@ -163,9 +167,23 @@ pub struct FleetConfig {
     pub replicas: Vec<ReplicaConfig>,
 }
 
-/// One invalid value: where it is and what is wrong with it (the router config's error type,
-/// e.g. `replicas[0].block_size: must be > 0`).
-pub use kvrouter::config::ConfigError as FieldError;
+/// One invalid value: where it is and what is wrong with it; shown as
+/// `replicas[0].block_size: must be in 1..=1024 (got 0)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, e.g. `replicas[1].kv_events.endpoint`.
+    pub path: String,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+impl std::error::Error for FieldError {}
 
 /// Why a fleet file was not loaded.
 #[derive(Debug, thiserror::Error)]
@@ -344,7 +362,7 @@ impl ReplicaConfig {
             }
         }
         if let Some(kv) = &self.kv_events {
-            if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint) {
+            if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint, kv.bind) {
                 push("kv_events.endpoint", message);
             }
         }

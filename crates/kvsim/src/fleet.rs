@@ -1,7 +1,8 @@
 //! Several replicas in one process, each on its own port with its own engine task.
 
 use super::config::FleetConfig;
-use super::replica::{serve, RunningReplica, SimError, TokenizerLoader};
+use super::http::{serve, RunningReplica};
+use super::replica::SimError;
 
 /// A started fleet.
 #[derive(Debug)]
@@ -13,10 +14,7 @@ pub struct Fleet {
 impl Fleet {
     /// Starts every replica of `config`; on the first failure, stops those already started and
     /// returns the error with the replica's name.
-    pub async fn start(
-        config: FleetConfig,
-        loader: &TokenizerLoader,
-    ) -> Result<Fleet, (String, SimError)> {
+    pub async fn start(config: FleetConfig) -> Result<Fleet, (String, SimError)> {
         let errors = config.validate();
         if !errors.is_empty() {
             return Err(("fleet".into(), SimError::Config(errors)));
@@ -24,7 +22,7 @@ impl Fleet {
         let mut replicas = Vec::with_capacity(config.replicas.len());
         for replica in config.replicas {
             let name = replica.name.clone();
-            match serve(replica, loader).await {
+            match serve(replica).await {
                 Ok(running) => replicas.push(running),
                 Err(e) => {
                     for r in replicas {

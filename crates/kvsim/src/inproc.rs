@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{no_tokenizer_files, Replica, ReplicaConfig};
+use crate::{http, Replica, ReplicaConfig};
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
@@ -25,10 +25,8 @@ pub fn config(name: &str) -> ReplicaConfig {
 
 /// Starts a replica (engine task included) and returns its routes.
 pub async fn start(cfg: ReplicaConfig) -> (Arc<Replica>, Router) {
-    let replica = Replica::start(cfg, &no_tokenizer_files())
-        .await
-        .expect("replica starts");
-    let router = replica.router();
+    let replica = Replica::start(cfg).await.expect("replica starts");
+    let router = http::routes(&replica);
     (replica, router)
 }
 

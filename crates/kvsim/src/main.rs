@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kvsim::config::TokenizerPaths;
-use kvsim::{hf_tokenizer_loader, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
+use kvsim::{Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
 
 /// Simulated vLLM-compatible model replicas.
 #[derive(Debug, Parser)]
@@ -63,6 +63,10 @@ struct Args {
     /// Topic frame of KV-event messages.
     #[arg(long, default_value = "")]
     kv_topic: String,
+    /// Bind the `--kv-events` endpoint even when its host is not a wildcard (e.g.
+    /// `tcp://127.0.0.1:0`: a publisher that listens on loopback only).
+    #[arg(long)]
+    kv_events_bind: bool,
     /// A Hugging Face tokenizer: a `tokenizer.json`, or a directory holding it and (optionally)
     /// `tokenizer_config.json` with the chat template. Default: the word-piece fallback.
     #[arg(long)]
@@ -90,6 +94,7 @@ impl Args {
                 kv_events: self.kv_events.as_ref().map(|endpoint| KvEventsConfig {
                     endpoint: endpoint.clone(),
                     topic: self.kv_topic.clone(),
+                    bind: self.kv_events_bind,
                 }),
                 tokenizer: self.tokenizer.as_deref().map(TokenizerPaths::from_path),
                 ..ReplicaConfig::default()
@@ -100,7 +105,7 @@ impl Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    kvrouter::telemetry::init_logging(kvrouter::config::LogFormat::Text);
+    kvsim::logging::init_logging();
     let fleet = match args.fleet() {
         Ok(f) => f,
         Err(e) => {
@@ -116,7 +121,16 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let fleet = match Fleet::start(fleet, &hf_tokenizer_loader()).await {
+        // Handlers first: a harness may signal as soon as it reads the listening lines, and a
+        // signal that arrives before them kills the process instead of stopping it cleanly.
+        let signals = match Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("kvsim: cannot install signal handlers: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        let fleet = match Fleet::start(fleet).await {
             Ok(f) => f,
             Err((name, e)) => {
                 eprintln!("kvsim: replica {name}: {e}");
@@ -130,7 +144,7 @@ fn main() -> ExitCode {
             }
             let _ = out.flush();
         }
-        let signal = wait_for_signal().await;
+        let signal = signals.wait().await;
         tracing::info!("kvsim: {signal}, shutting down");
         // Open streams get a moment to finish; then the process exits regardless.
         let _ = tokio::time::timeout(Duration::from_secs(5), fleet.shutdown()).await;
@@ -138,23 +152,42 @@ fn main() -> ExitCode {
     })
 }
 
-async fn wait_for_signal() -> &'static str {
-    #[cfg(unix)]
-    {
+/// SIGINT and SIGTERM, listened for from creation on.
+#[cfg(unix)]
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
         }
     }
-    #[cfg(not(unix))]
-    {
+}
+
+/// Ctrl-C where Unix signals do not exist.
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals)
+    }
+
+    async fn wait(self) -> &'static str {
         let _ = tokio::signal::ctrl_c().await;
         "SIGINT"
     }

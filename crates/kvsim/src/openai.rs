@@ -137,6 +137,11 @@ impl ResponseMeta {
         format!("data: {chunk}\n\ndata: [DONE]\n\n")
     }
 
+    /// The end of a stream without a usage chunk (`stream_options.include_usage: false`).
+    pub fn done() -> &'static str {
+        "data: [DONE]\n\n"
+    }
+
     /// An error event ending a broken stream (no `[DONE]` follows, as vLLM).
     pub fn stream_error(message: &str) -> String {
         let body = json!({"error": {"message": message, "type": "InternalServerError", "param": null, "code": 500}});

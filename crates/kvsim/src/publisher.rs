@@ -19,9 +19,10 @@ pub enum Attach {
     Connect(String),
 }
 
-/// vLLM's rule: bind when the endpoint has a wildcard host (`*`, `::`), connect otherwise.
-/// Only `tcp://host:port` endpoints are supported.
-pub fn parse_endpoint(endpoint: &str) -> Result<Attach, String> {
+/// vLLM's rule: bind when the endpoint has a wildcard host (`*`, `::`), connect otherwise;
+/// `bind` forces a bind on the given host (loopback publishers in tests). Only
+/// `tcp://host:port` endpoints are supported.
+pub fn parse_endpoint(endpoint: &str, bind: bool) -> Result<Attach, String> {
     let rest = endpoint
         .strip_prefix("tcp://")
         .ok_or_else(|| format!("{endpoint:?}: only tcp://host:port endpoints are supported"))?;
@@ -34,6 +35,7 @@ pub fn parse_endpoint(endpoint: &str) -> Result<Attach, String> {
         "*" | "0.0.0.0" => Ok(Attach::Bind(format!("tcp://0.0.0.0:{port}"))),
         "[::]" | "::" | "[*]" => Ok(Attach::Bind(format!("tcp://[::]:{port}"))),
         "" => Err(format!("{endpoint:?}: missing host")),
+        _ if bind => Ok(Attach::Bind(endpoint.to_string())),
         _ if port == "0" => Err(format!("{endpoint:?}: cannot connect to port 0")),
         _ => Ok(Attach::Connect(endpoint.to_string())),
     }
@@ -76,10 +78,11 @@ pub struct Publisher {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Starts a publisher on `endpoint` with `topic`. Binding happens before this returns (so the
-/// port is known); connecting happens in the background (the subscriber may start later).
-pub async fn start(endpoint: &str, topic: &str) -> Result<Publisher, PublisherError> {
-    let attach = parse_endpoint(endpoint).map_err(PublisherError::Endpoint)?;
+/// Starts a publisher on `endpoint` with `topic` (`bind`: see [`parse_endpoint`]). Binding
+/// happens before this returns (so the port is known); connecting happens in the background
+/// (the subscriber may start later).
+pub async fn start(endpoint: &str, topic: &str, bind: bool) -> Result<Publisher, PublisherError> {
+    let attach = parse_endpoint(endpoint, bind).map_err(PublisherError::Endpoint)?;
     let (socket, shown) = open(&attach).await?;
     let attach = match (&attach, &shown) {
         // A restart rebinds the same port, not a new random one.
@@ -204,7 +207,12 @@ mod tests {
             ),
         ];
         for (endpoint, expected) in cases {
-            assert_eq!(parse_endpoint(endpoint), expected, "{endpoint}");
+            assert_eq!(parse_endpoint(endpoint, false), expected, "{endpoint}");
+        }
+        // Forced binds keep their host (a loopback-only publisher), port 0 included.
+        for endpoint in ["tcp://127.0.0.1:0", "tcp://127.0.0.1:5557", "tcp://*:1"] {
+            let host = endpoint.replace('*', "0.0.0.0");
+            assert_eq!(parse_endpoint(endpoint, true), Ok(Attach::Bind(host)));
         }
         for bad in [
             "ipc:///tmp/x",
@@ -213,7 +221,7 @@ mod tests {
             "tcp://:1",
             "tcp://127.0.0.1:0",
         ] {
-            assert!(parse_endpoint(bad).is_err(), "{bad}");
+            assert!(parse_endpoint(bad, false).is_err(), "{bad}");
         }
     }
 }

@@ -1,4 +1,6 @@
-//! One replica: its engine task, its KV-event publisher, its HTTP routes and listener.
+//! One replica's state: its engine task, its KV-event publisher, its tokenizer, metrics and
+//! faults. The HTTP side ([`crate::http`], with the handlers of [`crate::server`] and
+//! [`crate::admin`]) is built over it; nothing here knows about routes.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -6,40 +8,18 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ahash::AHashMap;
-use axum::http::HeaderValue;
-use axum::response::Response;
-use axum::routing::{get, post};
-use axum::serve::ListenerExt;
-use axum::Router;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
-use super::admin::{self, Faults};
-use super::config::{FieldError, OutputLength, ReplicaConfig, TokenizerPaths};
+use super::config::{FieldError, OutputLength, ReplicaConfig};
 use super::driver::{self, AdminCommand, Command, EngineState};
 use super::engine::{Engine, EngineConfig, Lora};
+use super::faults::Faults;
+use super::hf_tokenizer::{HfTokenizer, LoadError};
 use super::metrics::{MetricsInfo, SimMetrics};
 use super::profile::StepProfile;
 use super::publisher::{self, PublisherError};
-use super::server;
 use super::tokenize::{PromptTokenizer, WordPieceTokenizer};
-use super::REPLICA_HEADER;
-
-/// Builds a real tokenizer from its files. The default ([`no_tokenizer_files`]) refuses: the
-/// router's tokenizer registry is plugged in here.
-pub type TokenizerLoader =
-    Arc<dyn Fn(&TokenizerPaths) -> Result<Arc<dyn PromptTokenizer>, String> + Send + Sync>;
-
-/// The default loader: tokenizer files are not supported by this build.
-pub fn no_tokenizer_files() -> TokenizerLoader {
-    Arc::new(|paths: &TokenizerPaths| {
-        Err(format!(
-            "cannot load {}: this build of kvsim has no tokenizer loader (see sim::PromptTokenizer); \
-             remove `tokenizer` to use the word-piece fallback",
-            paths.tokenizer_json.display()
-        ))
-    })
-}
 
 /// Why a replica did not start.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +29,7 @@ pub enum SimError {
     Config(Vec<FieldError>),
     /// The tokenizer could not be loaded.
     #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[from] LoadError),
     /// The KV-event publisher did not start.
     #[error(transparent)]
     Publisher(#[from] PublisherError),
@@ -88,12 +68,10 @@ impl std::fmt::Debug for Replica {
 }
 
 impl Replica {
-    /// Validates `config`, starts the engine task (and the KV-event publisher when configured).
-    /// The engine stops when the last clone of the returned `Arc` is dropped.
-    pub async fn start(
-        config: ReplicaConfig,
-        loader: &TokenizerLoader,
-    ) -> Result<Arc<Replica>, SimError> {
+    /// Validates `config`, loads its tokenizer (the word-piece fallback when it names none),
+    /// starts the engine task (and the KV-event publisher when configured). The engine stops
+    /// when the last clone of the returned `Arc` is dropped.
+    pub async fn start(config: ReplicaConfig) -> Result<Arc<Replica>, SimError> {
         let errors = config.validate("");
         if !errors.is_empty() {
             return Err(SimError::Config(errors));
@@ -105,11 +83,11 @@ impl Replica {
             }])
         })?;
         let tokenizer: Arc<dyn PromptTokenizer> = match &config.tokenizer {
-            Some(paths) => loader(paths).map_err(SimError::Tokenizer)?,
+            Some(paths) => Arc::new(HfTokenizer::load(paths)?),
             None => Arc::new(WordPieceTokenizer::default()),
         };
         let publisher = match &config.kv_events {
-            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic).await?),
+            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic, kv.bind).await?),
             None => None,
         };
         let engine_cfg = EngineConfig {
@@ -211,120 +189,11 @@ impl Replica {
             }
         }
     }
-
-    /// The HTTP routes, every response carrying [`REPLICA_HEADER`].
-    pub fn router(self: &Arc<Self>) -> Router {
-        let name = HeaderValue::from_str(&self.config.name)
-            .unwrap_or_else(|_| HeaderValue::from_static("replica"));
-        Router::new()
-            .route("/v1/completions", post(server::completions))
-            .route("/v1/chat/completions", post(server::chat))
-            .route("/v1/models", get(server::models))
-            .route("/health", get(server::health))
-            .route("/metrics", get(server::metrics))
-            .merge(admin::routes())
-            // vLLM has no body limit; axum's 2 MiB default would refuse long-context prompts.
-            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .layer(axum::middleware::map_response(move |mut res: Response| {
-                let name = name.clone();
-                async move {
-                    res.headers_mut().insert(REPLICA_HEADER, name);
-                    res
-                }
-            }))
-            .with_state(Arc::clone(self))
-    }
 }
-
-/// Largest request body accepted, in bytes (64 MiB).
-const MAX_BODY_BYTES: usize = 64 << 20;
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-/// A replica serving HTTP on its own port.
-#[derive(Debug)]
-pub struct RunningReplica {
-    /// The replica.
-    pub replica: Arc<Replica>,
-    /// The bound HTTP address.
-    pub addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RunningReplica {
-    /// The JSON line `kvsim` prints once the replica listens.
-    pub fn listening_line(&self) -> String {
-        // Written by hand to keep the documented key order (serde_json sorts keys).
-        let quote = |s: &str| serde_json::Value::from(s).to_string();
-        let mut line = format!(
-            "{{\"event\":\"listening\",\"name\":{},\"addr\":{}",
-            quote(self.replica.name()),
-            quote(&self.addr.to_string())
-        );
-        if let Some(kv) = self.replica.kv_events_endpoint() {
-            line.push_str(&format!(",\"kv_events\":{}", quote(kv)));
-        }
-        line.push('}');
-        line
-    }
-
-    /// Stops accepting connections, lets open responses finish, and waits for the server.
-    pub async fn shutdown(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-/// Starts a replica and serves it on `config.listen` (peer addresses are passed to handlers so
-/// admin endpoints can refuse non-loopback callers).
-pub async fn serve(
-    config: ReplicaConfig,
-    loader: &TokenizerLoader,
-) -> Result<RunningReplica, SimError> {
-    let listen = config.listen;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| SimError::Listen {
-            addr: listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| SimError::Listen {
-        addr: listen,
-        source,
-    })?;
-    // SSE writes many small chunks: without TCP_NODELAY, Nagle's algorithm and the client's
-    // delayed ACK hold a token back for ~40 ms.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    let replica = Replica::start(config, loader).await?;
-    let app = replica
-        .router()
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let (shutdown, stop) = oneshot::channel::<()>();
-    let name = replica.name().to_string();
-    let task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stop.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(replica = %name, "replica server failed: {e}");
-        }
-    });
-    Ok(RunningReplica {
-        replica,
-        addr,
-        shutdown: Some(shutdown),
-        task,
-    })
 }

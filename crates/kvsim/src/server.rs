@@ -15,13 +15,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::admin;
 use super::driver::{ClientSink, Command};
 use super::engine::{Engine, NewRequest, Output, Usage};
+use super::faults::Refusal;
 use super::openai::{add_usage, error, ResponseMeta};
 use super::replica::Replica;
+use super::request::{self, ApiKind};
 use super::tokenize::PromptTokens;
-use kvrouter::request::{self, ApiKind, ParsedRequest, Prompt, PromptInput};
 
 pub(super) async fn completions(State(r): State<Arc<Replica>>, body: Bytes) -> Response {
     generate(r, ApiKind::Completions, body).await
@@ -31,15 +31,24 @@ pub(super) async fn chat(State(r): State<Arc<Replica>>, body: Bytes) -> Response
     generate(r, ApiKind::ChatCompletions, body).await
 }
 
+fn refused(refusal: Refusal) -> Response {
+    error(refusal.status, refusal.message, None)
+}
+
+/// A 503 while the replica is restarting.
+fn down_response(r: &Replica) -> Option<Response> {
+    r.faults.lock().down().map(refused)
+}
+
 pub(super) async fn health(State(r): State<Arc<Replica>>) -> Response {
-    match admin::down_response(&r) {
+    match down_response(&r) {
         Some(resp) => resp,
         None => StatusCode::OK.into_response(),
     }
 }
 
 pub(super) async fn models(State(r): State<Arc<Replica>>) -> Response {
-    if let Some(resp) = admin::down_response(&r) {
+    if let Some(resp) = down_response(&r) {
         return resp;
     }
     let max_model_len = r.engine_cfg.max_model_len;
@@ -58,7 +67,7 @@ pub(super) async fn models(State(r): State<Arc<Replica>>) -> Response {
 }
 
 pub(super) async fn metrics(State(r): State<Arc<Replica>>) -> Response {
-    if let Some(resp) = admin::down_response(&r) {
+    if let Some(resp) = down_response(&r) {
         return resp;
     }
     (
@@ -71,34 +80,20 @@ pub(super) async fn metrics(State(r): State<Arc<Replica>>) -> Response {
         .into_response()
 }
 
-/// One prompt of a (possibly batched) request.
-fn split_prompts<'a>(req: &ParsedRequest<'a>) -> Vec<ParsedRequest<'a>> {
-    let one = |prompt: Prompt<'a>| ParsedRequest {
-        prompt,
-        ..req.clone()
-    };
-    match &req.prompt {
-        Prompt::Input(PromptInput::Texts(texts)) => texts
-            .iter()
-            .map(|t| one(Prompt::Input(PromptInput::Text(t.clone()))))
-            .collect(),
-        Prompt::Input(PromptInput::TokenLists(lists)) => lists
-            .iter()
-            .map(|ids| one(Prompt::Input(PromptInput::Tokens(ids.clone()))))
-            .collect(),
-        _ => vec![req.clone()],
-    }
-}
-
 async fn generate(r: Arc<Replica>, api: ApiKind, body: Bytes) -> Response {
-    if let Some(resp) = admin::fault_response(&r) {
-        return resp;
+    let refusal = r.faults.lock().refuse_generation();
+    if let Some(refusal) = refusal {
+        return refused(refusal);
     }
     let req = match request::parse(api, &body) {
         Ok(req) => req,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string(), e.param()),
     };
-    let model = req.model.to_string();
+    // No model named: the first served model, as vLLM.
+    let model = req
+        .model
+        .clone()
+        .unwrap_or_else(|| r.config.models[0].clone());
     let lora = if r.config.models.contains(&model) {
         None
     } else if let Some(lora) = r.loras.get(&model) {
@@ -112,13 +107,13 @@ async fn generate(r: Arc<Replica>, api: ApiKind, body: Bytes) -> Response {
     };
     let number = r.request_count.fetch_add(1, Ordering::Relaxed);
     let mut prompts: Vec<(PromptTokens, u32)> = Vec::new();
-    for one in split_prompts(&req) {
-        let tokens = match r.tokenizer.tokens(&one) {
+    for one in req.prompts() {
+        let tokens = match r.tokenizer.tokens(one, &req.render) {
             Ok(t) => t,
             Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string(), None),
         };
         let max_tokens = match req.max_tokens {
-            Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+            Some(n) => n,
             None => {
                 let room = (r.engine_cfg.max_model_len as usize).saturating_sub(tokens.ids.len());
                 r.default_output_tokens(number).min(room as u32).max(1)
@@ -139,7 +134,9 @@ async fn generate(r: Arc<Replica>, api: ApiKind, body: Bytes) -> Response {
     };
     let maxes: Vec<u32> = prompts.iter().map(|(_, m)| *m).collect();
     let cache_salt: Option<Box<str>> = req.cache_salt.as_deref().map(Into::into);
-    let stream = req.stream;
+    // vLLM sends the usage chunk only when asked; kvsim sends it unless told not to (its own
+    // tests and the router's accounting read it).
+    let stream = req.stream.then_some(req.include_usage != Some(false));
     let chat = api == ApiKind::ChatCompletions;
     let meta = ResponseMeta {
         id: format!(
@@ -179,10 +176,9 @@ async fn generate(r: Arc<Replica>, api: ApiKind, body: Bytes) -> Response {
     }
     drop(tx);
 
-    if stream {
-        stream_response(rx, meta, maxes, finish)
-    } else {
-        full_response(rx, meta, maxes, finish).await
+    match stream {
+        Some(include_usage) => stream_response(rx, meta, maxes, finish, include_usage),
+        None => full_response(rx, meta, maxes, finish).await,
     }
 }
 
@@ -225,6 +221,7 @@ struct SseState {
     finish: &'static str,
     left: usize,
     usage: Usage,
+    include_usage: bool,
     ended: bool,
 }
 
@@ -233,6 +230,7 @@ fn stream_response(
     meta: ResponseMeta,
     maxes: Vec<u32>,
     finish: &'static str,
+    include_usage: bool,
 ) -> Response {
     let state = SseState {
         rx,
@@ -242,6 +240,7 @@ fn stream_response(
         maxes,
         finish,
         usage: Usage::default(),
+        include_usage,
         ended: false,
     };
     let stream = futures::stream::unfold(state, |mut s| async move {
@@ -273,7 +272,11 @@ fn stream_response(
                         continue;
                     }
                     s.ended = true;
-                    s.meta.usage_and_done(&s.usage)
+                    if s.include_usage {
+                        s.meta.usage_and_done(&s.usage)
+                    } else {
+                        ResponseMeta::done().to_string()
+                    }
                 }
                 (_, Output::Aborted(reason)) => {
                     s.ended = true;

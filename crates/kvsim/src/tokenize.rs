@@ -1,5 +1,6 @@
-//! Prompt tokens as the simulated engine sees them, behind a trait so a real tokenizer (the
-//! router's `tokenizers`-based registry with chat templates) can be plugged in.
+//! Prompt tokens as the simulated engine sees them, behind a trait so a real tokenizer
+//! ([`crate::hf_tokenizer::HfTokenizer`]: Hugging Face files and chat templates) can be plugged
+//! in.
 //!
 //! The fallback, [`WordPieceTokenizer`], is deterministic across processes: text is split into
 //! words (with their leading-space flag), punctuation and newlines; words are cut into pieces of
@@ -12,7 +13,7 @@ use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use kvrouter::request::{ContentPart, ParsedRequest, Prompt, PromptInput};
+use crate::request::{ContentPart, PromptRef, RenderOptions, SimRequest};
 
 /// A run of multimodal placeholder tokens in a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,23 +38,33 @@ pub struct PromptTokens {
 /// Why a prompt could not be tokenized (a 400 to the client).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    /// The request holds several prompts; callers split batches first.
+    /// A request with several prompts was given where one was expected.
     #[error("expected one prompt, got a batch")]
     Batch,
-    /// The request has no prompt at all.
-    #[error("the request has no prompt")]
-    NoPrompt,
-    /// The tokenizer (or its chat template) rejected the prompt.
+    /// The tokenizer (or its chat template) rejected the prompt; the message quotes no prompt
+    /// text.
     #[error("{0}")]
     Rejected(String),
 }
 
-/// Turns one request's prompt into the token ids the engine schedules and hashes.
+/// Turns one prompt into the token ids the engine schedules and hashes.
 pub trait PromptTokenizer: Send + Sync + fmt::Debug {
-    /// The prompt's tokens. For chat requests, the chat template with the generation prompt
-    /// appended. Batched completions (`prompt: [..]`) are split by the caller: `req.prompt` is
-    /// one `Text` or one `Tokens` here.
-    fn tokens(&self, req: &ParsedRequest<'_>) -> Result<PromptTokens, TokenizeError>;
+    /// The prompt's tokens: a chat is rendered with the chat template first; `options` carries
+    /// the request's rendering flags (generation prompt, special tokens, template kwargs).
+    fn tokens(
+        &self,
+        prompt: PromptRef<'_>,
+        options: &RenderOptions,
+    ) -> Result<PromptTokens, TokenizeError>;
+
+    /// The tokens of a request that holds exactly one prompt (a batch is
+    /// [`TokenizeError::Batch`]).
+    fn request_tokens(&self, req: &SimRequest) -> Result<PromptTokens, TokenizeError> {
+        match req.prompts()[..] {
+            [one] => self.tokens(one, &req.render),
+            _ => Err(TokenizeError::Batch),
+        }
+    }
 
     /// Token id of the `index`-th generated token (the simulator's filler text). Matching the
     /// tokenization of the filler text lets a multi-turn conversation that sends an answer back
@@ -156,13 +167,16 @@ impl WordPieceTokenizer {
 }
 
 impl PromptTokenizer for WordPieceTokenizer {
-    fn tokens(&self, req: &ParsedRequest<'_>) -> Result<PromptTokens, TokenizeError> {
+    fn tokens(
+        &self,
+        prompt: PromptRef<'_>,
+        _options: &RenderOptions,
+    ) -> Result<PromptTokens, TokenizeError> {
         let mut out = PromptTokens::default();
-        match &req.prompt {
-            Prompt::Input(PromptInput::Text(text)) => self.encode_into(text, &mut out.ids),
-            Prompt::Input(PromptInput::Tokens(ids)) => out.ids.extend_from_slice(ids),
-            Prompt::Input(_) => return Err(TokenizeError::Batch),
-            Prompt::Chat(messages) => {
+        match prompt {
+            PromptRef::Text(text) => self.encode_into(text, &mut out.ids),
+            PromptRef::Tokens(ids) => out.ids.extend_from_slice(ids),
+            PromptRef::Chat(messages) => {
                 for message in messages {
                     out.ids.push(IM_START);
                     self.encode_into(&message.role, &mut out.ids);
@@ -170,11 +184,11 @@ impl PromptTokenizer for WordPieceTokenizer {
                     for part in &message.content {
                         match part {
                             ContentPart::Text(text) => self.encode_into(text, &mut out.ids),
-                            ContentPart::Image(hash) | ContentPart::Media(hash) => {
+                            ContentPart::Media(media) => {
                                 out.mm.push(MmSpan {
                                     offset: out.ids.len() as u32,
                                     len: MM_PLACEHOLDER_TOKENS,
-                                    hash: *hash,
+                                    hash: media.hash,
                                 });
                                 out.ids.extend(std::iter::repeat_n(
                                     MM_PLACEHOLDER,
@@ -190,7 +204,6 @@ impl PromptTokenizer for WordPieceTokenizer {
                 self.encode_into("assistant", &mut out.ids);
                 out.ids.push(self.piece_id(false, "\n"));
             }
-            Prompt::None => return Err(TokenizeError::NoPrompt),
         }
         Ok(out)
     }
@@ -205,11 +218,11 @@ impl PromptTokenizer for WordPieceTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvrouter::request::{parse, ApiKind};
+    use crate::request::{parse, ApiKind};
 
     fn chat(body: &str) -> PromptTokens {
         let req = parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
-        WordPieceTokenizer::default().tokens(&req).unwrap()
+        WordPieceTokenizer::default().request_tokens(&req).unwrap()
     }
 
     #[test]
@@ -290,8 +303,8 @@ mod tests {
     fn batches_and_token_prompts() {
         let t = WordPieceTokenizer::default();
         let req = parse(ApiKind::Completions, br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
-        assert_eq!(t.tokens(&req).unwrap().ids, vec![1, 2, 3]);
+        assert_eq!(t.request_tokens(&req).unwrap().ids, vec![1, 2, 3]);
         let req = parse(ApiKind::Completions, br#"{"model":"m","prompt":["a","b"]}"#).unwrap();
-        assert_eq!(t.tokens(&req), Err(TokenizeError::Batch));
+        assert_eq!(t.request_tokens(&req), Err(TokenizeError::Batch));
     }
 }

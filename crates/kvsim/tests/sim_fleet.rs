@@ -67,7 +67,7 @@ replicas:
     adapters: [sql-lora]
     profile: h100-llama3-8b
     time_scale: 50
-    kv_events: {endpoint: "tcp://*:0"}
+    kv_events: {endpoint: "tcp://127.0.0.1:0", bind: true}
   - name: r2
     listen: 127.0.0.1:0
     models: [llama]

@@ -128,13 +128,15 @@ fn events_config(endpoint: &str, topic: &str) -> kvsim::ReplicaConfig {
     cfg.kv_events = Some(KvEventsConfig {
         endpoint: endpoint.into(),
         topic: topic.into(),
+        // Tests listen on loopback only.
+        bind: true,
     });
     cfg
 }
 
 #[tokio::test]
 async fn bound_publisher_sends_vllm_shaped_events_whose_hashes_chain() {
-    let (replica, app) = start(events_config("tcp://*:0", "kv@r1")).await;
+    let (replica, app) = start(events_config("tcp://127.0.0.1:0", "kv@r1")).await;
     let endpoint = replica
         .kv_events_endpoint()
         .expect("publishing")
@@ -249,7 +251,10 @@ async fn connecting_publisher_reaches_a_bound_subscriber_and_restarts_its_sequen
         .expect("bind")
         .to_string();
     sub.subscribe("").await.expect("subscribe");
-    let (replica, app) = start(events_config(&bound, "")).await;
+    // vLLM's rule: a concrete address without a forced bind connects.
+    let mut cfg = events_config(&bound, "");
+    cfg.kv_events.as_mut().unwrap().bind = false;
+    let (replica, app) = start(cfg).await;
     assert_eq!(replica.kv_events_endpoint(), Some(bound.as_str()));
     let first = first_message(&app, &mut sub, 200).await;
     assert_eq!(first.topic, Bytes::new());
@@ -296,7 +301,7 @@ async fn connecting_publisher_reaches_a_bound_subscriber_and_restarts_its_sequen
 
 #[tokio::test]
 async fn lora_requests_carry_the_adapter_in_events() {
-    let mut cfg = events_config("tcp://*:0", "");
+    let mut cfg = events_config("tcp://127.0.0.1:0", "");
     cfg.adapters = vec!["sql".into(), "chat".into()];
     let (replica, app) = start(cfg).await;
     let mut sub = SubSocket::new();
@@ -319,7 +324,7 @@ async fn lora_requests_carry_the_adapter_in_events() {
 
 #[tokio::test]
 async fn bound_publisher_rebinds_its_port_after_a_restart() {
-    let (replica, app) = start(events_config("tcp://*:0", "")).await;
+    let (replica, app) = start(events_config("tcp://127.0.0.1:0", "")).await;
     let endpoint = replica.kv_events_endpoint().unwrap().to_string();
     let mut sub = SubSocket::new();
     sub.connect(&endpoint).await.expect("connect");

@@ -7,13 +7,10 @@ use std::process::Command;
 
 use crate::{HarnessError, Proc, MODEL};
 
-/// Where a replica that publishes KV events binds its ZMQ socket on its first start.
-///
-/// kvsim follows vLLM's rule: a publisher binds when its endpoint's host is a wildcard and
-/// connects otherwise, so `tcp://127.0.0.1:0` would mean "connect to port 0" and is refused.
-/// Until kvsim can bind an explicit loopback address, test publishers bind the wildcard on an
-/// ephemeral port (subscribers still connect to 127.0.0.1). This is the one place to change.
-pub const KV_EVENTS_BIND: &str = "tcp://*:0";
+/// Where a replica that publishes KV events binds its ZMQ socket on its first start: loopback,
+/// an ephemeral port. (kvsim follows vLLM's rule, binding only wildcard hosts, unless told
+/// `--kv-events-bind`, which the harness always passes.)
+pub const KV_EVENTS_BIND: &str = "tcp://127.0.0.1:0";
 
 /// How to start one kvsim replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,12 +104,12 @@ impl Replica {
     /// empty cache. Its log continues in the same file.
     pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.kill();
-        // Rebind the port the first start got (see KV_EVENTS_BIND for the wildcard).
+        // Rebind the port the first start got, on loopback.
         let kv = self
             .kv_events
             .as_deref()
             .and_then(|e| e.rsplit_once(':'))
-            .map(|(_, port)| format!("tcp://*:{port}"));
+            .map(|(_, port)| format!("tcp://127.0.0.1:{port}"));
         let (proc, addr, kv_events) =
             spawn(&self.bin, &self.dir, &self.spec, self.addr, kv.as_deref())?;
         if addr != self.addr || kv_events != self.kv_events {
@@ -154,7 +151,7 @@ fn spawn(
         cmd.args(["--model", m]);
     }
     if let Some(endpoint) = kv_events {
-        cmd.args(["--kv-events", endpoint]);
+        cmd.args(["--kv-events", endpoint, "--kv-events-bind"]);
     }
     cmd.args(&spec.flags);
     if let Some(filter) = &spec.log_filter {

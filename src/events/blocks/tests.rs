@@ -312,3 +312,60 @@ fn withdraw_keeps_predictions_and_restore_puts_confirmed_blocks_back() {
     assert_eq!(t.len(), 1);
     assert!(t.heap_bytes() > 0);
 }
+
+#[test]
+fn copies_past_what_the_record_packs_are_still_counted_exactly() {
+    assert_eq!(std::mem::size_of::<EngineBlock>(), 20);
+    let (index, _) = index();
+    let mut t = table(4);
+    let tokens = [1, 2, 3, 4];
+    let h = ours(&plain(), 4, &tokens);
+    // 40 GPU copies (past the 31 the record packs) and 20 CPU ones (past 15).
+    for _ in 0..40 {
+        t.store(&stored(&[7], None, &tokens, 4), EP, &index);
+    }
+    let mut cpu = stored(&[7], None, &[], 4);
+    cpu.medium = Medium::Cpu;
+    for _ in 0..20 {
+        t.store(&cpu, EP, &index);
+    }
+    assert_eq!(t.copies(0), [40, 20, 0]);
+    for i in 0..40 {
+        assert_eq!(held(&index, &h).offloaded_blocks, 0, "GPU copy {i} left");
+        t.remove(&removed(&[7], Medium::Gpu), EP, &index);
+    }
+    assert_eq!(t.copies(0), [0, 20, 0]);
+    for _ in 0..19 {
+        t.remove(&removed(&[7], Medium::Cpu), EP, &index);
+    }
+    assert!(t.many_copies.is_empty(), "back in the record");
+    assert_eq!(t.copies(0), [0, 1, 0]);
+    assert_eq!(held(&index, &h).offloaded_blocks, 1);
+    t.remove(&removed(&[7], Medium::Cpu), EP, &index);
+    assert_eq!((held(&index, &h).blocks, t.len()), (0, 0));
+}
+
+#[test]
+fn removing_blocks_keeps_the_others_findable() {
+    let (index, _) = index();
+    let mut t = table(4);
+    let tokens: Vec<u32> = (0..400).collect();
+    let hashes: Vec<u64> = (1..=100).collect();
+    t.store(&stored(&hashes, None, &tokens, 4), EP, &index);
+    // Every third block goes (the last record moves into each freed place).
+    let gone: Vec<u64> = hashes.iter().copied().filter(|h| h % 3 == 0).collect();
+    t.remove(&removed(&gone, Medium::Gpu), EP, &index);
+    assert_eq!(t.len(), 100 - gone.len());
+    for &h in &hashes {
+        assert_eq!(t.find(h).is_some(), h % 3 != 0, "{h}");
+    }
+    // A child of a surviving block continues its chain.
+    let a = t.store(&stored(&[1000], Some(100), &[7, 7, 7, 7], 4), EP, &index);
+    assert_eq!(a.mapped, 1);
+    let all: Vec<u32> = tokens.iter().copied().chain([7, 7, 7, 7]).collect();
+    let expected = ours(&plain(), 4, &all);
+    let run = |from: usize| index.lookup(&expected[from..], &[EP])[0].blocks;
+    assert_eq!(run(99), 2, "engine block 100 and its new child");
+    assert_eq!(run(98), 0, "engine block 99 went");
+    assert_eq!(run(0), 2, "engine block 3 went");
+}

@@ -75,6 +75,18 @@ impl Fixture {
         self.seq += 1;
     }
 
+    /// Publishes one batch that only clears the cache: a fresh, trusted view whose engine block
+    /// size no event has told yet.
+    fn clear(&mut self) {
+        let frames = [
+            Vec::new(),
+            self.seq.to_be_bytes().to_vec(),
+            encode_batch(0.0, &[KvEvent::AllBlocksCleared], 0),
+        ];
+        assert!(self.events.ingest(self.ep, &frames));
+        self.seq += 1;
+    }
+
     fn held(&self, hashes: &[u64]) -> crate::index::PrefixMatch {
         self.index.lookup(hashes, &[self.ep])[0]
     }
@@ -109,14 +121,14 @@ async fn silence_after_routed_work_withdraws_and_the_next_batch_restores() {
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
 
     // A fully cached request stores nothing new: still not suspicious.
-    f.events.record_routed(f.ep, &ours(&a), 4).unwrap();
+    f.events.record_routed(f.ep, &ours(&a), 4, None).unwrap();
     tokio::time::advance(Duration::from_secs(5)).await;
     settle().await;
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
 
     // A request that should store blocks, and nothing comes.
     let b: Vec<u32> = (100..164).collect();
-    f.events.record_routed(f.ep, &ours(&b), 0).unwrap();
+    f.events.record_routed(f.ep, &ours(&b), 0, None).unwrap();
     tokio::time::advance(Duration::from_millis(900)).await;
     settle().await;
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
@@ -144,12 +156,52 @@ async fn silence_after_routed_work_withdraws_and_the_next_batch_restores() {
     assert_eq!(f.held(&ours(&b)).confirmed_blocks, 4);
 }
 
+/// Short prompts on a fresh engine (no batch yet): the engine stores nothing for a prompt under
+/// one of its blocks, so only a prompt of at least one whole engine block (its size from the
+/// metrics until an event says) may start the silence clock; while the size is unknown, none.
+#[tokio::test(start_paused = true)]
+async fn silence_waits_for_a_whole_engine_block_of_the_reported_size() {
+    let mut f = Fixture::new(CONFIG).await;
+    f.clear();
+    assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
+    assert_eq!(f.events.status()[0].engine_block_size_tokens, 0);
+    let short: Vec<u32> = (0..40).collect(); // 2 blocks of ours, under one 128-token block
+    for _ in 0..5 {
+        f.events
+            .record_routed(f.ep, &ours(&short), 0, Some(128))
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(600)).await;
+        settle().await;
+    }
+    let long: Vec<u32> = (1000..1300).collect(); // 2 whole engine blocks
+    f.events.record_routed(f.ep, &ours(&long), 0, None).unwrap();
+    tokio::time::advance(Duration::from_secs(3)).await;
+    settle().await;
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Trusted,
+        "no engine block expected: nothing to be silent about"
+    );
+    assert_eq!(f.events.status()[0].counters.withdrawals, 0);
+
+    f.events
+        .record_routed(f.ep, &ours(&long), 0, Some(128))
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    settle().await;
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Distrusted(Reason::Silent),
+        "two whole engine blocks were due"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() {
     let mut f = Fixture::new(CONFIG).await;
     // Before any batch (distrusted): the full TTL, all blocks.
     let p: Vec<u32> = (500..580).collect(); // 5 blocks of ours
-    f.events.record_routed(f.ep, &ours(&p), 0).unwrap();
+    f.events.record_routed(f.ep, &ours(&p), 0, None).unwrap();
     assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(60));
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(f.held(&ours(&p)).blocks, 5);
@@ -159,7 +211,7 @@ async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() 
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
     assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(2));
     let q: Vec<u32> = (700..780).collect();
-    f.events.record_routed(f.ep, &ours(&q), 0).unwrap();
+    f.events.record_routed(f.ep, &ours(&q), 0, None).unwrap();
     assert_eq!(
         f.held(&ours(&q)).blocks,
         4,
@@ -175,7 +227,7 @@ async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() 
     // An endpoint without a stream: the index's own TTL, untouched.
     let other = 77;
     assert_eq!(f.events.source_state(other), SourceState::Absent);
-    f.events.record_routed(other, &ours(&q), 0).unwrap();
+    f.events.record_routed(other, &ours(&q), 0, None).unwrap();
     assert_eq!(f.index.lookup(&ours(&q), &[other])[0].blocks, 5);
     assert!(!f.events.ingest(other, &[b"", b"", b""]));
 }

@@ -4,6 +4,68 @@ use kvsim::kv_events::{encode_batch, KvEvent};
 use proptest::prelude::*;
 use rmpv::Value as V;
 
+thread_local! {
+    /// The most bytes one `reserve` reserved on this thread since the last reset.
+    static LARGEST_RESERVED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+pub(super) fn note_reserved(bytes: usize) {
+    LARGEST_RESERVED.with(|m| m.set(m.get().max(bytes)));
+}
+
+/// The most bytes reserved up front while decoding `payload` (decoded or not).
+fn largest_reservation(payload: &[u8]) -> usize {
+    LARGEST_RESERVED.with(|m| m.set(0));
+    let _ = decode_batch(payload);
+    LARGEST_RESERVED.with(|m| m.get())
+}
+
+#[test]
+fn a_claimed_length_reserves_no_more_than_the_payload_could_hold() {
+    // [ts, events, dp_rank] whose events array claims one event per byte left, each a 1-byte
+    // fixint (not an event at all): before, 4096 x size_of::<Event>() bytes were reserved.
+    let n = 4096usize;
+    let mut p = vec![0x93, 0x00, 0xdd];
+    p.extend((n as u32).to_be_bytes());
+    p.extend(std::iter::repeat_n(0x01u8, n - 1));
+    p.push(0x00);
+    let reserved = largest_reservation(&p);
+    assert!(reserved > 0, "an event vector was reserved");
+    assert!(
+        reserved <= p.len(),
+        "reserved {reserved} bytes for a {}-byte payload (an event is {} bytes)",
+        p.len(),
+        std::mem::size_of::<Event>()
+    );
+    // The same for a BlockStored's hashes and token ids (8 and 4 bytes each decoded).
+    for field in ["block_hashes", "token_ids"] {
+        let mut p = vec![0x93, 0x00, 0x91, 0x82, 0xa4];
+        p.extend(b"type");
+        p.push(0xab);
+        p.extend(b"BlockStored");
+        p.push(0xa0 | field.len() as u8);
+        p.extend(field.as_bytes());
+        p.push(0xdd);
+        p.extend((n as u32).to_be_bytes());
+        p.extend(std::iter::repeat_n(0x01u8, n / 2));
+        let reserved = largest_reservation(&p);
+        assert!(
+            reserved > 0 && reserved <= p.len(),
+            "{field}: {reserved} of {}",
+            p.len()
+        );
+    }
+    // An honest payload still gets its vectors sized at once.
+    let honest = encode_batch(
+        1.0,
+        &[KvEvent::BlockRemoved {
+            block_hashes: (0..64).map(|i| u64::MAX - i).collect(),
+        }],
+        0,
+    );
+    assert_eq!(largest_reservation(&honest), 64 * 8);
+}
+
 fn enc(v: &V) -> Vec<u8> {
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, v).unwrap();

@@ -1,7 +1,13 @@
 //! The background watchers of every endpoint: one scrape loop and one probe loop per endpoint,
 //! started and stopped as the endpoint set changes.
 //!
-//! Each loop re-reads the config on every iteration, so intervals, paths and on/off switches
+//! The monitor knows nothing of the router. It is handed narrow [`Inputs`]: a view of the
+//! endpoint set and its changes ([`EndpointSource`]), the config in force as a `watch` channel,
+//! and two sinks for what it finds ([`HealthSink`]: health changes and scrape results;
+//! [`CapacitySink`]: an engine reporting a new KV capacity). Health and engine samples
+//! themselves live in each endpoint's shared state, which the loops write directly.
+//!
+//! Each loop reads the config on every iteration, so intervals, paths and on/off switches
 //! hot-reload; `load.scrape.max_concurrent` is read once at start. Waits are jittered so the loops
 //! of many endpoints spread out. Nothing here touches the request path except through the
 //! atomically swapped engine sample and the health state.
@@ -11,15 +17,71 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::probe::probe;
-use super::Cause;
+use crate::config::Config;
+use crate::discovery::{Endpoint, EndpointSet, Registry};
+use crate::health::probe::probe;
+use crate::health::{Cause, Change};
 use crate::load::exposition::MetricNames;
 use crate::load::scrape::scrape;
-use crate::router::Router;
+
+/// The endpoint set the monitor follows: read-only.
+pub trait EndpointSource: Send + Sync {
+    /// The current set. Never blocks.
+    fn snapshot(&self) -> Arc<EndpointSet>;
+    /// Notified with the set's version after every change.
+    fn subscribe(&self) -> watch::Receiver<u64>;
+}
+
+impl EndpointSource for Registry {
+    fn snapshot(&self) -> Arc<EndpointSet> {
+        Registry::snapshot(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        Registry::subscribe(self)
+    }
+}
+
+/// Where the monitor reports what the probes and scrapes found.
+pub trait HealthSink: Send + Sync {
+    /// A view of `ep`'s health changed (already applied to its health state).
+    fn health_changed(&self, ep: &Endpoint, change: Change);
+    /// A scrape of `ep` took `took` and failed with `error` (a kind) if it did.
+    fn scraped(&self, ep: &Endpoint, took: Duration, error: Option<&'static str>);
+}
+
+/// Told when an engine reports a (new) KV capacity, to size what the router keeps for it.
+pub trait CapacitySink: Send + Sync {
+    /// `ep`'s engine reported a KV capacity different from its previous sample's.
+    fn engine_capacity_changed(&self, ep: &Endpoint);
+}
+
+/// What the monitor reads and where it writes.
+#[derive(Clone)]
+pub struct Inputs {
+    /// The endpoints to watch.
+    pub endpoints: Arc<dyn EndpointSource>,
+    /// The config in force (intervals, paths, thresholds), following reloads.
+    pub config: watch::Receiver<Arc<Config>>,
+    /// Health changes and scrape results.
+    pub health: Arc<dyn HealthSink>,
+    /// Engine-reported KV capacities.
+    pub capacity: Arc<dyn CapacitySink>,
+}
+
+impl Inputs {
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.borrow())
+    }
+
+    fn endpoint(&self, addr: &SocketAddr) -> Option<Arc<Endpoint>> {
+        self.endpoints.snapshot().get(addr).cloned()
+    }
+}
 
 /// `interval × (1 + u)`, `u` uniform in `[-jitter, +jitter]`.
 fn jittered(interval: Duration, jitter: f64) -> Duration {
@@ -44,8 +106,8 @@ impl Drop for Watchers {
     }
 }
 
-/// Runs the watchers of `router`'s endpoints until aborted (aborting it stops them all).
-pub fn spawn(router: Arc<Router>) -> JoinHandle<()> {
+/// Runs the watchers of `inputs`' endpoints until aborted (aborting it stops them all).
+pub fn spawn(inputs: Inputs) -> JoinHandle<()> {
     tokio::spawn(async move {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(2)
@@ -54,26 +116,22 @@ pub fn spawn(router: Arc<Router>) -> JoinHandle<()> {
             .build()
             .unwrap_or_default();
         let permits = Arc::new(Semaphore::new(
-            router.config().load.scrape.max_concurrent.max(1),
+            inputs.config().load.scrape.max_concurrent.max(1),
         ));
-        let mut versions = router.subscribe_endpoints();
+        let mut versions = inputs.endpoints.subscribe();
         let mut watchers: HashMap<SocketAddr, Watchers> = HashMap::new();
         loop {
-            let set = router.endpoints();
+            let set = inputs.endpoints.snapshot();
             watchers.retain(|addr, _| set.get(addr).is_some());
             for ep in set.all() {
                 watchers.entry(ep.address).or_insert_with(|| Watchers {
                     scrape: tokio::spawn(scrape_loop(
-                        Arc::clone(&router),
+                        inputs.clone(),
                         client.clone(),
                         Arc::clone(&permits),
                         ep.address,
                     )),
-                    probe: tokio::spawn(probe_loop(
-                        Arc::clone(&router),
-                        client.clone(),
-                        ep.address,
-                    )),
+                    probe: tokio::spawn(probe_loop(inputs.clone(), client.clone(), ep.address)),
                 });
             }
             if versions.changed().await.is_err() {
@@ -84,18 +142,18 @@ pub fn spawn(router: Arc<Router>) -> JoinHandle<()> {
 }
 
 async fn scrape_loop(
-    router: Arc<Router>,
+    inputs: Inputs,
     client: reqwest::Client,
     permits: Arc<Semaphore>,
     addr: SocketAddr,
 ) {
-    let interval = |r: &Router| Duration::from_millis(r.config().load.scrape.interval_ms.max(10));
-    tokio::time::sleep(first_wait(interval(&router))).await;
+    let interval = |i: &Inputs| Duration::from_millis(i.config().load.scrape.interval_ms.max(10));
+    tokio::time::sleep(first_wait(interval(&inputs))).await;
     let mut last_error: Option<&'static str> = None;
     loop {
-        let config = router.config();
+        let config = inputs.config();
         let s = &config.load.scrape;
-        let Some(ep) = router.endpoints().get(&addr).cloned() else {
+        let Some(ep) = inputs.endpoint(&addr) else {
             return;
         };
         let names = MetricNames::of(ep.engine).filter(|_| s.enabled);
@@ -103,7 +161,7 @@ async fn scrape_loop(
             None => {
                 // Not scraped (off, or an `other` engine): its failures must not keep it out.
                 if let Some(change) = ep.health.reset(Cause::Scrape) {
-                    router.report_health(&ep, change);
+                    inputs.health.health_changed(&ep, change);
                 }
             }
             Some(names) => {
@@ -113,10 +171,7 @@ async fn scrape_loop(
                     let started = Instant::now();
                     let result = scrape(&client, addr, &s.path, &names, timeout).await;
                     let kind = result.as_ref().err().map(|e| e.kind());
-                    router
-                        .metrics()
-                        .signals
-                        .record_scrape(&ep, started.elapsed(), kind);
+                    inputs.health.scraped(&ep, started.elapsed(), kind);
                     result
                 };
                 let eject = config.health.eject_on_scrape_failures;
@@ -125,7 +180,7 @@ async fn scrape_loop(
                         let capacity = sample.capacity_tokens;
                         let previous = ep.load.engine.store(sample);
                         if previous.and_then(|p| p.capacity_tokens) != capacity {
-                            router.apply_engine_capacity(&ep);
+                            inputs.capacity.engine_capacity_changed(&ep);
                         }
                         if last_error.take().is_some() {
                             tracing::info!(endpoint = %ep.address_str, "metrics scrape recovered");
@@ -136,7 +191,7 @@ async fn scrape_loop(
                             ep.health.reset(Cause::Scrape)
                         };
                         if let Some(change) = change {
-                            router.report_health(&ep, change);
+                            inputs.health.health_changed(&ep, change);
                         }
                     }
                     Err(e) => {
@@ -147,29 +202,29 @@ async fn scrape_loop(
                         }
                         if eject && e.endpoint_down() {
                             if let Some(change) = ep.health.record_scrape(false, &config.health) {
-                                router.report_health(&ep, change);
+                                inputs.health.health_changed(&ep, change);
                             }
                         }
                     }
                 }
             }
         }
-        tokio::time::sleep(jittered(interval(&router), s.jitter)).await;
+        tokio::time::sleep(jittered(interval(&inputs), s.jitter)).await;
     }
 }
 
-async fn probe_loop(router: Arc<Router>, client: reqwest::Client, addr: SocketAddr) {
-    let interval = |r: &Router| Duration::from_millis(r.config().health.probe.interval_ms.max(1));
-    tokio::time::sleep(first_wait(interval(&router))).await;
+async fn probe_loop(inputs: Inputs, client: reqwest::Client, addr: SocketAddr) {
+    let interval = |i: &Inputs| Duration::from_millis(i.config().health.probe.interval_ms.max(1));
+    tokio::time::sleep(first_wait(interval(&inputs))).await;
     loop {
-        let config = router.config();
+        let config = inputs.config();
         let p = &config.health.probe;
-        let Some(ep) = router.endpoints().get(&addr).cloned() else {
+        let Some(ep) = inputs.endpoint(&addr) else {
             return;
         };
         if !config.health.breaker.enabled {
             if let Some(change) = ep.health.reset(Cause::Breaker) {
-                router.report_health(&ep, change);
+                inputs.health.health_changed(&ep, change);
             }
         }
         let change = if p.enabled {
@@ -182,9 +237,9 @@ async fn probe_loop(router: Arc<Router>, client: reqwest::Client, addr: SocketAd
             ep.health.reset(Cause::Probe)
         };
         if let Some(change) = change {
-            router.report_health(&ep, change);
+            inputs.health.health_changed(&ep, change);
         }
-        tokio::time::sleep(jittered(interval(&router), 0.1)).await;
+        tokio::time::sleep(jittered(interval(&inputs), 0.1)).await;
     }
 }
 

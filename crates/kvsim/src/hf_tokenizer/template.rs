@@ -1,0 +1,329 @@
+//! Chat-template rendering as vLLM calls transformers' `apply_chat_template(conversation,
+//! add_generation_prompt=..., tokenize=False, **chat_template_kwargs)`.
+//!
+//! The environment is transformers' Jinja environment rebuilt on minijinja: `trim_blocks`,
+//! `lstrip_blocks`, loop controls, Python string and dict methods (minijinja-contrib's
+//! pycompat), `raise_exception`, `strftime_now` and a `json.dumps`-like `tojson`; the
+//! `{% generation %}` markers transformers uses for assistant masks render their body.
+//!
+//! The context is transformers': `messages`, `tools` and `documents` (none), the
+//! `add_generation_prompt` flag, every special token set in `tokenizer_config.json`
+//! (`bos_token`...), then the request's `chat_template_kwargs` (which may override them).
+//!
+//! Messages are shaped as vLLM's `parse_chat_messages` shapes them: content as one string (text
+//! parts joined with `"\n"`, media placeholders first) or, for templates that loop over
+//! content, as `{"type": "text", "text": ...}` parts. A media item is rendered as a placeholder
+//! string chosen by the caller, so the caller can find where the template put it.
+
+use std::collections::BTreeMap;
+
+use minijinja::value::{Serde, Value};
+use minijinja::Environment;
+use serde_json::json;
+
+use super::config::TokenizerConfig;
+use super::content_format::{self, ContentFormat};
+use super::python;
+use crate::request::{ChatMessage, ContentPart, Media, RenderOptions};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled chat template with the special tokens it is rendered with.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    format: ContentFormat,
+    /// Context entries every render starts from (special tokens).
+    base_context: BTreeMap<String, Value>,
+}
+
+/// A rendered conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The prompt text.
+    pub text: String,
+    /// The media items, in placeholder order: item `k` was rendered as `placeholder(k)`.
+    pub media: Vec<Media>,
+}
+
+impl ChatTemplate {
+    /// Compiles `source` for a tokenizer described by `config`.
+    pub fn new(source: &str, config: &TokenizerConfig) -> Result<ChatTemplate, minijinja::Error> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", python::raise_exception);
+        env.add_function("strftime_now", python::strftime_now);
+        env.add_filter("tojson", python::tojson);
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(source))?;
+        let mut base_context: BTreeMap<String, Value> = config
+            .special_tokens
+            .iter()
+            .map(|(name, token)| ((*name).to_string(), Value::from(token.as_str())))
+            .collect();
+        if let Some(extra) = &config.additional_special_tokens {
+            base_context.insert(
+                "additional_special_tokens".into(),
+                extra.iter().map(String::as_str).collect(),
+            );
+        }
+        Ok(ChatTemplate {
+            env,
+            format: content_format::detect(source),
+            base_context,
+        })
+    }
+
+    /// How this template takes message content.
+    pub fn content_format(&self) -> ContentFormat {
+        self.format
+    }
+
+    /// Renders `messages`; media item `k` becomes the text `placeholder(k)`.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        options: &RenderOptions,
+        placeholder: impl Fn(usize) -> String,
+    ) -> Result<Rendered, minijinja::Error> {
+        let mut media = Vec::new();
+        let conversation: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| self.message(m, &mut media, &placeholder))
+            .collect();
+        let mut context = self.base_context.clone();
+        for (key, value) in &options.chat_template_kwargs {
+            context.insert(key.clone(), Value::from(Serde(value)));
+        }
+        let add_generation_prompt = context
+            .get("add_generation_prompt")
+            .map_or(options.add_generation_prompt, Value::is_true);
+        context.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        for absent in ["tools", "documents"] {
+            context.entry(absent.into()).or_insert(Value::from(()));
+        }
+        context.insert("messages".into(), Value::from(Serde(&conversation)));
+        let text = self
+            .env
+            .get_template(TEMPLATE_NAME)?
+            .render(Value::from(context))?;
+        Ok(Rendered { text, media })
+    }
+
+    /// One message as vLLM hands it to the template.
+    fn message(
+        &self,
+        m: &ChatMessage,
+        media: &mut Vec<Media>,
+        placeholder: &impl Fn(usize) -> String,
+    ) -> serde_json::Value {
+        let mut texts: Vec<String> = Vec::new();
+        let mut placeholders: Vec<String> = Vec::new();
+        let mut parts: Vec<serde_json::Value> = Vec::new();
+        for part in &m.content {
+            match part {
+                ContentPart::Text(t) => {
+                    texts.push(t.clone());
+                    parts.push(json!({"type": "text", "text": t}));
+                }
+                ContentPart::Media(item) => {
+                    let p = placeholder(media.len());
+                    media.push(*item);
+                    parts.push(json!({"type": "text", "text": p}));
+                    placeholders.push(p);
+                }
+            }
+        }
+        let content = match self.format {
+            // Tool results are strings for templates, unless they carry media (vLLM).
+            ContentFormat::OpenAi if m.role != "tool" || !placeholders.is_empty() => {
+                serde_json::Value::Array(parts)
+            }
+            ContentFormat::OpenAi => serde_json::Value::String(texts.join("\n")),
+            // vLLM puts the media placeholders first, then the text, one per line.
+            ContentFormat::String => {
+                let text = texts.join("\n");
+                if !text.is_empty() {
+                    placeholders.push(text);
+                }
+                serde_json::Value::String(placeholders.join("\n"))
+            }
+        };
+        let mut out = serde_json::Map::new();
+        out.insert("role".into(), json!(m.role));
+        out.insert("content".into(), content);
+        if let Some(name) = &m.name {
+            out.insert("name".into(), json!(name));
+        }
+        match m.role.as_str() {
+            "assistant" => {
+                if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
+                    out.insert("tool_calls".into(), json!(calls));
+                }
+                if let Some(r) = &m.reasoning {
+                    out.insert("reasoning".into(), json!(r));
+                    out.insert("reasoning_content".into(), json!(r));
+                }
+            }
+            "tool" => {
+                if let Some(id) = &m.tool_call_id {
+                    out.insert("tool_call_id".into(), json!(id));
+                }
+            }
+            _ => {}
+        }
+        serde_json::Value::Object(out)
+    }
+}
+
+/// `{% generation %}` / `{% endgeneration %}` (transformers' assistant-mask extension) turned
+/// into an always-true `if`, whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}") else {
+            break;
+        };
+        let tag = &rest[start..start + len + 2];
+        let body = &tag[2..tag.len() - 2];
+        let lead = if body.starts_with(['-', '+']) {
+            &body[..1]
+        } else {
+            ""
+        };
+        let trail = if body.ends_with(['-', '+']) {
+            &body[body.len() - 1..]
+        } else {
+            ""
+        };
+        let word = body.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..start]);
+        match word {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[start + tag.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::Modality;
+
+    fn config() -> TokenizerConfig {
+        TokenizerConfig::parse(r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"}}"#).unwrap()
+    }
+
+    fn text_message(role: &str, text: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: vec![ContentPart::Text(text.into())],
+            name: None,
+            tool_call_id: None,
+            tool_calls: None,
+            reasoning: None,
+        }
+    }
+
+    fn options() -> RenderOptions {
+        RenderOptions {
+            add_generation_prompt: true,
+            add_special_tokens: false,
+            chat_template_kwargs: serde_json::Map::new(),
+        }
+    }
+
+    fn render(source: &str, messages: &[ChatMessage], options: &RenderOptions) -> Rendered {
+        ChatTemplate::new(source, &config())
+            .unwrap()
+            .render(messages, options, |k| format!("<MEDIA{k}>"))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_context_transformers_gives() {
+        let source = "{{ bos_token }}{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m['content'] | trim }}]{{ eos_token }}\n  {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}>{% endif %}{% if tools is none %}N{% endif %}{% if unk_token is defined %}U{% endif %}";
+        let messages = [text_message("user", " hi ")];
+        let out = render(source, &messages, &options());
+        assert_eq!(out.text, "<s>[hi]</s>\n>N");
+        let mut opts = options();
+        opts.add_generation_prompt = false;
+        assert_eq!(render(source, &messages, &opts).text, "<s>[hi]</s>\nN");
+        // chat_template_kwargs reach the template and may override the flag.
+        let mut opts = options();
+        opts.chat_template_kwargs =
+            serde_json::from_str(r#"{"enable_thinking": false, "add_generation_prompt": false}"#)
+                .unwrap();
+        let out = render(
+            "{% if not enable_thinking %}off{% endif %}{% if add_generation_prompt %}>{% endif %}",
+            &messages,
+            &opts,
+        );
+        assert_eq!(out.text, "off");
+    }
+
+    #[test]
+    fn media_placeholders_where_vllm_puts_them() {
+        let cat = Media {
+            modality: Modality::Image,
+            hash: 7,
+        };
+        let m = ChatMessage {
+            content: vec![
+                ContentPart::Text("a".into()),
+                ContentPart::Media(cat),
+                ContentPart::Text("b".into()),
+            ],
+            ..text_message("user", "")
+        };
+        // String format: placeholders first, then the text parts, newline-joined.
+        let out = render(
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+            std::slice::from_ref(&m),
+            &options(),
+        );
+        assert_eq!(out.text, "<MEDIA0>\na\nb");
+        assert_eq!(out.media, vec![cat]);
+        // Parts format: the item stays where it was.
+        let out = render(
+            "{% for m in messages %}{% for p in m.content %}({{ p.text }}){% endfor %}{% endfor %}",
+            std::slice::from_ref(&m),
+            &options(),
+        );
+        assert_eq!(out.text, "(a)(<MEDIA0>)(b)");
+    }
+
+    #[test]
+    fn python_methods_loop_controls_and_generation_tags() {
+        let out = render(
+            "{% for m in messages %}{% if m.content.startswith('x') %}{% continue %}{% endif %}{% generation -%}\n{{ m.content.upper() }}{%- endgeneration %}{% break %}{% endfor %}",
+            &[text_message("user", "xa"), text_message("user", "yb"), text_message("user", "zc")],
+            &options(),
+        );
+        assert_eq!(out.text, "YB");
+    }
+
+    #[test]
+    fn template_errors_are_errors() {
+        let t =
+            ChatTemplate::new("{{ raise_exception('roles must alternate') }}", &config()).unwrap();
+        let err = t
+            .render(&[text_message("user", "x")], &options(), |k| k.to_string())
+            .unwrap_err();
+        assert!(err.to_string().contains("roles must alternate"), "{err}");
+        assert!(ChatTemplate::new("{% for %}", &config()).is_err());
+    }
+}

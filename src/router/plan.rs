@@ -1,0 +1,294 @@
+//! The decision itself, without side effects: request -> candidates -> prefix identity -> index
+//! and load snapshot -> policy -> ranked endpoints ([`Plan`]).
+//!
+//! [`plan`] is a function of its inputs only: the request's [`RouterState`] snapshot, read
+//! views of the [`Tables`] (the endpoint set, index lookups, event-stream trust, arrival rate)
+//! and the request with its context. It writes nothing, so `explain` runs exactly what routing
+//! runs; committing the result is [`super::ticket`]'s job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::explain::Explanation;
+use super::state::RouterState;
+use super::tables::Tables;
+use super::{RouteContext, RouteError};
+use crate::config::EngineKind;
+use crate::discovery::{Endpoint, ModelMatch};
+use crate::events::{weighted_blocks, SourceState};
+use crate::health::Admission;
+use crate::index::PrefixMatch;
+use crate::load::LoadSnapshot;
+use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
+use crate::prefix::{Namespace, PrefixIdentity};
+use crate::request::ParsedRequest;
+
+/// Where a candidate's inputs came from, one per candidate of a [`Plan`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateSignals {
+    /// The engine's scraped load: `fresh`, `stale` (older than `load.scrape.staleness_ms`:
+    /// ignored), `missing` (never scraped successfully) or `not-scraped` (scraping off, or an
+    /// `engine: other` pool).
+    pub engine: &'static str,
+    /// Age of the last engine sample, ms, if there is one.
+    pub engine_age_ms: Option<u64>,
+    /// The prefill speed's origin: `learned`, `configured` or `default`.
+    pub prefill_speed: &'static str,
+    /// Admitted as one of a half-open breaker's trial requests.
+    pub trial: bool,
+    /// Where the candidate's cache entries come from: `events` (the engine's KV events, in
+    /// sequence), `events+predictions` (events flow but some were missed), or `predictions`
+    /// (no events configured, or not flowing).
+    pub cache_source: &'static str,
+    /// Why events are not the whole truth there (`gap`, `restart`, `silent`...), if they are not.
+    pub cache_reason: Option<&'static str>,
+}
+
+impl CandidateSignals {
+    /// Whether the engine signal was expected but not fresh, so the policy fell back to the
+    /// router's own counts for this candidate.
+    pub fn degraded(&self) -> bool {
+        matches!(self.engine, "stale" | "missing")
+    }
+}
+
+/// A decision computed but not committed: everything a policy saw and said.
+#[derive(Debug)]
+pub struct Plan {
+    /// Ranked endpoints: the pick, then up to `routing.fallback_endpoints` fallbacks (healthy
+    /// ones first; unhealthy ones only fill the list's tail as a last resort).
+    pub endpoints: Vec<Arc<Endpoint>>,
+    /// The policy that decided.
+    pub policy: &'static str,
+    /// The prompt's identity (length, block hashes).
+    pub prefix: PrefixIdentity,
+    /// What the policy saw, one entry per candidate.
+    pub candidates: Vec<CandidateView>,
+    /// The policy's ranking of `candidates`.
+    pub ranking: Ranking,
+    /// The requested model, and the adapter if the model named one.
+    pub model: String,
+    /// The LoRA adapter, if `model` named one.
+    pub adapter: Option<String>,
+    /// Per candidate (same indexing as `candidates`): where its inputs came from.
+    pub signals: Vec<CandidateSignals>,
+    /// Endpoints serving the model that were left out because they are unhealthy.
+    pub unhealthy: Vec<Arc<Endpoint>>,
+    /// The request as the policy saw it.
+    pub request: RequestView,
+    /// Per candidate, what the index matched (blocks, confirmed, offloaded).
+    pub matches: Vec<PrefixMatch>,
+}
+
+impl Plan {
+    /// The picked endpoint.
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        &self.endpoints[0]
+    }
+
+    /// Uncached prompt tokens on the pick: the prefill work it was given.
+    pub fn uncached_tokens(&self) -> u64 {
+        let pick = &self.candidates[self.ranking.pick()];
+        self.prefix.tokens.saturating_sub(pick.matched_tokens)
+    }
+
+    /// The user-facing breakdown (no prompt text).
+    pub fn explain(&self) -> Explanation {
+        Explanation::from_plan(self)
+    }
+
+    /// Whether some candidate's engine signal was stale or missing, so the policy decided on
+    /// the router's own in-flight counts for it.
+    pub fn stale_signals(&self) -> bool {
+        self.signals.iter().any(CandidateSignals::degraded)
+    }
+}
+
+/// The policy's view of the router's own counts.
+fn router_load(s: LoadSnapshot) -> RouterLoad {
+    RouterLoad {
+        in_flight_requests: s.in_flight_requests,
+        in_flight_prefill_tokens: s.in_flight_prefill_tokens,
+        in_flight_prefilling: s.in_flight_prefilling,
+    }
+}
+
+/// Computes where `request` would go under `state`, reading `tables`, committing nothing.
+pub(crate) fn plan(
+    state: &RouterState,
+    tables: &Tables,
+    request: &ParsedRequest<'_>,
+    ctx: RouteContext<'_>,
+) -> Result<Plan, RouteError> {
+    let config = &state.config;
+    let set = tables.registry.snapshot();
+    let requested = request.model.as_ref();
+
+    let (kind, serving): (ModelMatch, Vec<usize>) = if requested.is_empty() {
+        (ModelMatch::Base, (0..set.all().len()).collect())
+    } else {
+        match set.serving(requested) {
+            Some((kind, ids)) => (kind, ids.to_vec()),
+            None => {
+                return Err(RouteError::UnknownModel {
+                    model: requested.to_string(),
+                })
+            }
+        }
+    };
+    let in_subset: Vec<&Arc<Endpoint>> = serving
+        .iter()
+        .map(|&i| &set.all()[i])
+        .filter(|ep| ctx.subset.is_none_or(|s| s.contains(&ep.address)))
+        .collect();
+    let now = tokio::time::Instant::now();
+    let health = &config.health;
+    let mut eligible: Vec<&Arc<Endpoint>> = Vec::with_capacity(in_subset.len());
+    let mut trial: Vec<bool> = Vec::with_capacity(in_subset.len());
+    let mut unhealthy: Vec<Arc<Endpoint>> = Vec::new();
+    let mut draining = 0usize;
+    for &ep in &in_subset {
+        if ep.draining {
+            draining += 1;
+            continue;
+        }
+        match ep.health.admission(now, health) {
+            Admission::Yes => {
+                eligible.push(ep);
+                trial.push(false);
+            }
+            Admission::Trial => {
+                eligible.push(ep);
+                trial.push(true);
+            }
+            Admission::No => unhealthy.push(Arc::clone(ep)),
+        }
+    }
+    if eligible.is_empty() {
+        return Err(RouteError::NoEndpoint {
+            model: requested.to_string(),
+            reason: if in_subset.is_empty() && ctx.subset.is_some() {
+                "the gateway's subset hint excludes every endpoint serving it"
+            } else if in_subset.is_empty() {
+                "no endpoints are configured"
+            } else if unhealthy.is_empty() {
+                "every endpoint serving it is draining"
+            } else if draining == 0 {
+                "every endpoint serving it is unhealthy"
+            } else {
+                "every endpoint serving it is unhealthy or draining"
+            },
+        });
+    }
+
+    // The namespace: the base model's tokenizer and block size, the adapter, the tenant.
+    let (base_model, adapter) = match kind {
+        ModelMatch::Base => (requested.to_string(), None),
+        // An adapter runs on its endpoint's (first) base model.
+        ModelMatch::Adapter => (
+            eligible[0].models.first().cloned().unwrap_or_default(),
+            Some(requested.to_string()),
+        ),
+    };
+    let salt = state.tenants.salt(ctx.tenant);
+    let ns = Namespace::new(&base_model, adapter.as_deref(), salt.as_deref())
+        .with_cache_salt(request.cache_salt.as_deref());
+    let prefix = state.tokenizers.identify(request, &ns);
+
+    let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
+    let matches = tables.index.lookup(&prefix.block_hashes, &ids);
+    let block = u64::from(prefix.block_size_tokens);
+    // Without subscriptions every endpoint's entries are predictions: nothing to ask.
+    let events = state.kv_events().then_some(&tables.events);
+    let weights = &config.kv_events.medium_weights;
+    let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
+    let learning = &config.load.learning;
+    let scrape = &config.load.scrape;
+    let staleness = Duration::from_millis(scrape.staleness_ms);
+    let mut signals = Vec::with_capacity(eligible.len());
+    let mut candidates = Vec::with_capacity(eligible.len());
+    for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
+        let scraped = scrape.enabled && ep.engine != EngineKind::Other;
+        let engine_signal = ep.load.engine.signal(now, staleness);
+        let engine = engine_signal
+            .fresh()
+            .filter(|_| scraped)
+            .map(|s| EngineLoad {
+                waiting_requests: s.waiting_requests,
+                running_requests: s.running_requests,
+                kv_cache_usage: s.kv_cache_usage,
+            });
+        let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
+            Some(v) => (v, "learned"),
+            None => match ep.prefill_tokens_per_s {
+                Some(v) => (v, "configured"),
+                None => (default_speed, "default"),
+            },
+        };
+        let (cache_source, cache_reason) = match events {
+            Some(events) => {
+                let state = events.source_state(ep.id);
+                (state.source(), state.reason().map(|r| r.as_str()))
+            }
+            None => (SourceState::Absent.source(), None),
+        };
+        signals.push(CandidateSignals {
+            engine: if scraped {
+                engine_signal.as_str()
+            } else {
+                "not-scraped"
+            },
+            engine_age_ms: ep
+                .load
+                .engine
+                .last()
+                .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+            prefill_speed: speed_source,
+            trial,
+            cache_source,
+            cache_reason,
+        });
+        candidates.push(CandidateView {
+            address: ep.address,
+            weight: ep.weight,
+            load: router_load(ep.load.snapshot()),
+            max_in_flight: ep.max_in_flight,
+            // Blocks the engine holds only offloaded (CPU) count partly: they must be copied
+            // back before use.
+            matched_tokens: ((weighted_blocks(m, weights) * block as f64) as u64)
+                .min(prefix.tokens),
+            confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
+            prefill_tokens_per_s: speed,
+            engine,
+            ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+        });
+    }
+    let view = RequestView {
+        prompt_tokens: prefix.tokens,
+        max_tokens: request.max_tokens,
+        arrivals_per_endpoint_s: tables.arrivals.per_s(requested, Instant::now())
+            / candidates.len().max(1) as f64,
+    };
+    let ranking = state.policy.rank(&view, &candidates);
+    let keep = 1 + config.routing.fallback_endpoints;
+    let endpoints = ranking
+        .order
+        .iter()
+        .map(|&i| Arc::clone(eligible[i]))
+        .chain(unhealthy.iter().cloned())
+        .take(keep)
+        .collect();
+    Ok(Plan {
+        endpoints,
+        policy: state.policy.name(),
+        prefix,
+        candidates,
+        ranking,
+        model: requested.to_string(),
+        adapter,
+        signals,
+        unhealthy,
+        request: view,
+        matches,
+    })
+}

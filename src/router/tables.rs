@@ -1,0 +1,126 @@
+//! [`Tables`]: the live state every decision reads and commits to, built together in one
+//! constructor: the endpoint set (with the address <-> id interner), the ownership index, the
+//! KV-event streams that feed it, the decision log, the arrival meter and the metrics handles.
+//!
+//! Nothing here is attached later: the KV-event streams exist from the start with no
+//! subscription (every endpoint reads as predictions-only) and take their sockets when the
+//! config is applied ([`crate::events::KvEvents::reload`]). A reload replaces the
+//! [`RouterState`] snapshot, never the tables: load counters, health, cache entries and parked
+//! requests carry over.
+
+use std::sync::Arc;
+
+use super::arrivals::ArrivalRates;
+use super::log::DecisionLog;
+use super::state::RouterState;
+use crate::config::{Config, HealthConfig};
+use crate::discovery::{Endpoint, Registry, SetChange};
+use crate::events::KvEvents;
+use crate::health::Change;
+use crate::index::{Clock, IndexOptions, OwnershipIndex, TokioClock};
+use crate::prefix::TokenizerRegistry;
+use crate::telemetry::Metrics;
+
+/// The router's tables. Shared (`Arc`) by the pipeline, the tickets of routed requests and the
+/// narrow handles given to the background tasks and the admin API.
+#[derive(Debug)]
+pub(crate) struct Tables {
+    /// The endpoint set, per discovery source.
+    pub(crate) registry: Arc<Registry>,
+    /// Which endpoint holds which prefix blocks.
+    pub(crate) index: Arc<OwnershipIndex>,
+    /// The engines' KV-event streams feeding `index`.
+    pub(crate) events: KvEvents,
+    /// Recent decisions' explanations (`debug.record_decisions`).
+    pub(crate) decisions: DecisionLog,
+    /// Requests routed per second, per model.
+    pub(crate) arrivals: ArrivalRates,
+    /// The metrics handles.
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Tables {
+    /// Empty tables over `config`'s endpoints (one clock for the index and its event streams).
+    pub(crate) fn new(config: &Config, metrics: Arc<Metrics>) -> Tables {
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let registry = Arc::new(Registry::new(&config.resolved_endpoints()));
+        let index = Arc::new(OwnershipIndex::new(
+            IndexOptions::from(&config.cache_index),
+            Arc::clone(&clock),
+        ));
+        let events = KvEvents::new(
+            config,
+            Arc::clone(&index),
+            Arc::clone(registry.interner()),
+            clock,
+        );
+        Tables {
+            registry,
+            index,
+            events,
+            decisions: DecisionLog::default(),
+            arrivals: ArrivalRates::default(),
+            metrics,
+        }
+    }
+
+    /// Settles the tables' config-derived settings on `state`: index capacities, the decision
+    /// log's size, the signal metrics' thresholds.
+    pub(crate) fn configure(&self, state: &RouterState) {
+        self.apply_capacities(&state.tokenizers);
+        self.decisions
+            .set_capacity(state.config.debug.record_decisions);
+        self.metrics.signals.configure(&state.config);
+    }
+
+    /// Drops removed endpoints' cache entries (whatever source removed them).
+    pub(crate) fn forget_removed(&self, change: &SetChange) {
+        for addr in &change.removed {
+            if let Some(id) = self.registry.interner().get(addr) {
+                self.index.clear_endpoint(id);
+            }
+        }
+    }
+
+    /// Sets each endpoint's index capacity from its KV capacity: configured, else what its
+    /// engine reports (`vllm:cache_config_info`), in blocks of its (first) model's block size.
+    pub(crate) fn apply_capacities(&self, tokenizers: &TokenizerRegistry) {
+        for ep in self.registry.snapshot().all() {
+            self.apply_capacity(ep, tokenizers);
+        }
+    }
+
+    /// [`Self::apply_capacities`] for one endpoint.
+    pub(crate) fn apply_capacity(&self, ep: &Endpoint, tokenizers: &TokenizerRegistry) {
+        let scraped = || ep.load.engine.last().and_then(|s| s.capacity_tokens);
+        let Some(tokens) = ep.cache_capacity_tokens.or_else(scraped) else {
+            return;
+        };
+        let model = ep.models.first().map(String::as_str).unwrap_or("");
+        let block = u64::from(tokenizers.block_size_tokens(model).max(1));
+        let _ = self
+            .index
+            .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));
+    }
+
+    /// Counts and logs a change of `ep`'s health.
+    pub(crate) fn report_health(&self, ep: &Endpoint, change: Change) {
+        self.metrics.signals.record_health_change(ep, change);
+        if change.is_ejection() {
+            tracing::warn!(endpoint = %ep.address_str, cause = change.cause.as_str(), from = change.from, to = change.to, "endpoint ejected");
+        } else {
+            tracing::info!(endpoint = %ep.address_str, cause = change.cause.as_str(), from = change.from, to = change.to, "endpoint health changed");
+        }
+    }
+
+    /// Records the outcome of a request served by `ep` (`ok`: no failure status, and not
+    /// retried elsewhere) into its circuit breaker, judged by `health`.
+    pub(crate) fn record_outcome(&self, ep: &Endpoint, ok: bool, health: &HealthConfig) {
+        if let Some(change) = ep
+            .health
+            .record_request(ok, tokio::time::Instant::now(), health)
+        {
+            self.report_health(ep, change);
+        }
+    }
+}

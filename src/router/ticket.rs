@@ -1,0 +1,252 @@
+//! Committing a [`Plan`], and the [`Ticket`] a routed request carries until its response ends.
+//!
+//! The ticket owns everything the request holds on the router's side: its share of the served
+//! endpoint's load (an RAII guard), the half-open breaker's trial slot if it took one, what the
+//! cost model expected of its first byte, the pick and the destination list sent to Envoy, and
+//! the config of the [`RouterState`] snapshot it was decided under (only the config: a ticket
+//! does not keep a replaced policy or tokenizer alive). The ext_proc side only reads facts off
+//! Envoy's messages ([`ResponseFacts`], the first byte's instant) and hands them over; the
+//! ticket judges them (passive health, retries, learned speed) against that config.
+//! Dropping it, however the request ends, releases what it holds exactly once.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::plan::Plan;
+use super::state::RouterState;
+use super::tables::Tables;
+use crate::config::Config;
+use crate::discovery::Endpoint;
+use crate::health::{is_failure_status, TrialPermit};
+use crate::load::{InflightGuard, TtftContext};
+
+/// A committed decision: what was decided, the destination header value, and the request's
+/// ticket.
+#[derive(Debug)]
+pub struct Decision {
+    /// What was decided.
+    pub plan: Plan,
+    /// The destination value: `ip:port` of each endpoint, comma-separated, pick first.
+    pub destination: String,
+    /// The request's claim on the pick, to hand the response's facts to.
+    pub ticket: Ticket,
+}
+
+impl Decision {
+    /// The picked endpoint.
+    pub fn primary(&self) -> &Arc<Endpoint> {
+        self.plan.primary()
+    }
+
+    /// The policy that decided.
+    pub fn policy(&self) -> &'static str {
+        self.plan.policy
+    }
+
+    /// Prompt tokens (exact or estimated).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.plan.prefix.tokens
+    }
+}
+
+/// What a response's headers say about how it was served, as Envoy reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResponseFacts {
+    /// The HTTP status, if the headers carried a valid one.
+    pub status: Option<u16>,
+    /// The endpoint that served it (`x-gateway-destination-endpoint-served`), if reported.
+    pub served: Option<SocketAddr>,
+    /// Upstream attempts Envoy made (`upstream.request_attempt_count`), if reported.
+    pub attempts: Option<u64>,
+}
+
+/// One routed request's claim on the router, from its decision until its response ends.
+#[derive(Debug)]
+pub struct Ticket {
+    tables: Arc<Tables>,
+    /// The config the request was decided under; its response is judged by the same.
+    config: Arc<Config>,
+    /// The endpoint the request counts against: the pick, or the one that served it.
+    endpoint: Arc<Endpoint>,
+    /// The destination list as sent to Envoy: the pick, then the fallbacks in order.
+    destinations: Vec<Arc<Endpoint>>,
+    /// Its share of `endpoint`'s load.
+    guard: InflightGuard,
+    /// Uncached prompt tokens the decision gave the endpoint to prefill.
+    uncached_tokens: u64,
+    decided_at: Instant,
+    /// What the cost model expected of the pick, to learn from its first byte; cleared once
+    /// used, or when the pick did not serve it or failed.
+    pub(super) ttft: Option<TtftContext>,
+    /// The pick's half-open trial slot, returned once its outcome is known.
+    pub(super) trial: Option<TrialPermit>,
+}
+
+impl Ticket {
+    /// The endpoint the request counts against (`ip:port`): the pick, or the endpoint that
+    /// served it if Envoy retried elsewhere.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint.address_str
+    }
+
+    /// When the decision was committed.
+    pub fn decided_at(&self) -> Instant {
+        self.decided_at
+    }
+
+    /// The response's headers arrived: records the outcome in the serving endpoint's breaker
+    /// (a 5xx is a strong signal against it, anything else says it works), counts the
+    /// endpoints Envoy tried before the one that served as failed, and moves the load there.
+    pub fn on_response_headers(&mut self, facts: ResponseFacts) {
+        let health = &self.config.health;
+        if let Some(addr) = facts.served.filter(|&a| a != self.endpoint.address) {
+            // Another endpoint served it. override_host walks the list in order, skipping
+            // addresses not (yet) in Envoy's cluster, and retries the next one after a connect
+            // failure, reset or 503: the endpoints before the served one failed, as many of
+            // them as Envoy made extra attempts (all of them if it did not say). Passive health
+            // signals for each.
+            let before = self
+                .destinations
+                .iter()
+                .position(|e| e.address == addr)
+                .unwrap_or(1);
+            let failed = facts
+                .attempts
+                .map_or(before, |a| (a.saturating_sub(1) as usize).min(before));
+            tracing::debug!(
+                pick = %self.endpoint.address_str,
+                served = %addr,
+                attempts = facts.attempts,
+                failed,
+                "served by another endpoint than the pick"
+            );
+            for failed in &self.destinations[..failed] {
+                self.tables.record_outcome(failed, false, health);
+            }
+            // Nothing learned about the pick's speed or its trial from another's response.
+            self.trial = None;
+            self.ttft = None;
+            // Move the load to the endpoint that serves it.
+            let actual = match self.destinations.iter().find(|e| e.address == addr) {
+                Some(ep) => Some(Arc::clone(ep)),
+                None => self.tables.registry.snapshot().get(&addr).cloned(),
+            };
+            if let Some(actual) = actual {
+                self.guard = actual.load.begin(self.uncached_tokens);
+                self.endpoint = actual;
+            }
+        }
+        if let Some(code) = facts.status {
+            // Envoy's own 503 after exhausted retries lands on the last endpoint it tried.
+            let ok = !is_failure_status(code);
+            self.tables.record_outcome(&self.endpoint, ok, health);
+            self.trial = None;
+            if !ok {
+                self.ttft = None;
+            }
+        }
+    }
+
+    /// The response's first body byte went by at `at`: the prompt is prefilled, and the pick's
+    /// time to first token teaches its learned speed and residual.
+    pub fn on_first_byte(&mut self, at: Instant) {
+        self.guard.prefill_done();
+        if let Some(ctx) = self.ttft.take() {
+            let ttft_ms = at.saturating_duration_since(self.decided_at).as_secs_f64() * 1e3;
+            self.endpoint.load.learned.observe(
+                &ctx,
+                ttft_ms,
+                &self.config.load.learning,
+                tokio::time::Instant::now(),
+            );
+        }
+    }
+}
+
+/// Commits `plan`, decided under `state` at `started`: takes the pick's trial slot if it is a
+/// trial, counts the request in flight there, predicts the pick now holds the prompt's prefix,
+/// counts the decision, and logs its explanation under `request_id` when recording is on.
+pub(super) fn commit(
+    tables: &Arc<Tables>,
+    state: &RouterState,
+    plan: Plan,
+    started: Instant,
+    request_id: &str,
+) -> Decision {
+    let primary = Arc::clone(plan.primary());
+    let pick = plan.ranking.pick();
+    let trial = if plan.signals[pick].trial {
+        let (permit, change) = primary
+            .health
+            .begin_trial(tokio::time::Instant::now(), &state.config.health);
+        if let Some(change) = change {
+            tables.report_health(&primary, change);
+        }
+        // A concurrent decision may have taken the last slot since the plan: the request
+        // still goes (one over the trickle bound), it is not worth failing.
+        permit
+    } else {
+        None
+    };
+    let uncached_tokens = plan.uncached_tokens();
+    let ttft = {
+        let c = &plan.candidates[pick];
+        let p = state.cost.predict(&plan.request, c);
+        TtftContext {
+            work_tokens: c.load.in_flight_prefill_tokens + uncached_tokens,
+            fixed_ms: state.cost.fixed_ms(c),
+            predicted_ms: p.ttft_ms - p.residual_ms,
+            engine_waiting: c.engine.map(|e| e.waiting_requests),
+        }
+    };
+    tables.arrivals.record(&plan.model, Instant::now());
+    let guard = primary.load.begin(uncached_tokens);
+    if !plan.prefix.block_hashes.is_empty() {
+        // Only fails for an endpoint id beyond 2^24; the decision stands either way.
+        let hashes = &plan.prefix.block_hashes;
+        let _ = if state.kv_events() {
+            // Short-lived while the engine's events will confirm them, cut to whole engine
+            // blocks, and starting the silence clock.
+            let confirmed = plan.matches[pick].confirmed_blocks;
+            let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
+            tables
+                .events
+                .record_routed(primary.id, hashes, confirmed, reported)
+        } else {
+            tables.index.insert_predicted(primary.id, hashes)
+        };
+    }
+    let mut destination = String::with_capacity(plan.endpoints.len() * 22);
+    for ep in &plan.endpoints {
+        if !destination.is_empty() {
+            destination.push(',');
+        }
+        destination.push_str(&ep.address_str);
+    }
+    tables
+        .metrics
+        .record_decision(plan.policy, &primary.address_str, started.elapsed());
+    if plan.stale_signals() {
+        tables.metrics.signals.record_stale_decision(plan.policy);
+    }
+    if !request_id.is_empty() && tables.decisions.enabled() {
+        tables.decisions.record(request_id, plan.explain());
+    }
+    let ticket = Ticket {
+        tables: Arc::clone(tables),
+        config: Arc::clone(&state.config),
+        endpoint: primary,
+        destinations: plan.endpoints.clone(),
+        guard,
+        uncached_tokens,
+        decided_at: Instant::now(),
+        ttft: Some(ttft),
+        trial,
+    };
+    Decision {
+        plan,
+        destination,
+        ticket,
+    }
+}
