@@ -171,7 +171,7 @@ pub struct RoutingConfig {
     /// more gets 413. Must be > 0. Default 20000.
     pub max_content_parts: usize,
     /// Time budget for a request's prefix identity (render + tokenize), in ms, counted from when
-    /// the router has its body. Past it before rendering, the request is identified by the byte
+    /// its decision starts (so it bounds how long one request holds a tokenizing slot). Past it before rendering, the request is identified by the byte
     /// estimate; past it while tokenizing, by the exact prefix tokenized so far (decision prefix
     /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
     /// never fails for lack of one. 0 disables the deadline. Default 100.

@@ -64,7 +64,8 @@ impl Rejection {
 impl From<RequestError> for Rejection {
     fn from(e: RequestError) -> Rejection {
         Rejection {
-            status: 400,
+            // 413 for a body over the router's shape limits, 400 for the rest.
+            status: e.http_status(),
             param: e.param().map(str::to_string),
             message: e.to_string(),
             kind: "invalid_request_error",
@@ -118,6 +119,14 @@ mod tests {
                 None,
             ),
             (Rejection::too_large(10), 413, None),
+            (
+                Rejection::from(RequestError::TooLarge {
+                    field: "messages",
+                    limit: 3,
+                }),
+                413,
+                Some("messages"),
+            ),
         ];
         for (rejection, status, param) in cases {
             assert_eq!(rejection.status, status);
