@@ -51,6 +51,7 @@
 mod apply;
 mod blocks;
 mod endpoint;
+mod gate;
 mod hub;
 mod msgpack;
 mod state;
@@ -73,7 +74,7 @@ pub enum EventsError {
     Bind {
         /// The configured endpoint.
         endpoint: String,
-        /// What zeromq said.
+        /// What the socket or the OS said.
         message: String,
     },
 }
