@@ -54,6 +54,7 @@ mod endpoint;
 mod gate;
 mod hub;
 mod msgpack;
+mod replay;
 mod state;
 mod subscriber;
 pub mod wire;
