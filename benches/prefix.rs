@@ -1,17 +1,25 @@
 //! Prefix identity costs: tokenizing a 4k-token chat cold vs with its system prompt in the token
 //! cache, rendering, hashing. Uses the fixture's SmolLM2 tokenizer (always present).
 //!
-//! `cargo bench --bench prefix`
+//! The `hostile` group times issue 12's worst-case bodies (parse + identify): ~32 MiB of 500k
+//! tiny image-part messages and ~7 MiB of 60k messages with an image each, refused by the
+//! default limits, identified with the limits lifted, and within a 100 ms budget; plus 10k image
+//! messages (the default limit). Under `cargo test` (no `--bench` argument) the bodies are 100
+//! times smaller so the suite stays fast.
+//!
+//! `cargo bench --bench prefix` (`-- hostile` for that group only)
 
 use std::borrow::Cow;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kvrouter::config::ModelConfig;
 use kvrouter::prefix::{BlockHasher, Namespace, TokenizerRegistry};
-use kvrouter::request::{ApiKind, ChatMessage, ContentPart, ParsedRequest, Prompt};
+use kvrouter::request::{
+    self, ApiKind, ChatMessage, ContentPart, ParsedRequest, Prompt, RequestLimits,
+};
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -159,5 +167,117 @@ fn bench_prefix(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_prefix);
+/// A chat body of `n` messages made by `message(i)`.
+fn chat_body(n: usize, message: impl Fn(usize) -> String) -> Vec<u8> {
+    let mut out = String::from(r#"{"model":"smollm2","messages":["#);
+    for i in 0..n {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&message(i));
+    }
+    out.push_str("]}");
+    out.into_bytes()
+}
+
+fn bench_hostile(c: &mut Criterion) {
+    // Full size under `cargo bench`, 1/100 under `cargo test` (which runs each bench once).
+    let scale = if std::env::args().any(|a| a == "--bench") {
+        1
+    } else {
+        100
+    };
+    let tiny = chat_body(500_000 / scale, |i| {
+        format!(
+            r#"{{"role":"user","content":[{{"type":"image_url","image_url":"u{}"}}]}}"#,
+            i % 10
+        )
+    });
+    let image = |i: usize| {
+        format!(
+            r#"{{"role":"user","content":[{{"type":"text","text":"look"}},{{"type":"image_url","image_url":{{"url":"https://x/{i}.png"}}}}]}}"#
+        )
+    };
+    let images_60k = chat_body(60_000 / scale, image);
+    let images_10k = chat_body(10_000 / scale, image);
+    println!(
+        "bodies: {:.1} MiB (500k tiny image parts), {:.1} MiB (60k image messages), {:.1} MiB (10k)",
+        tiny.len() as f64 / 1048576.0,
+        images_60k.len() as f64 / 1048576.0,
+        images_10k.len() as f64 / 1048576.0
+    );
+    let reg = registry(1 << 20);
+    let ns = Namespace::new("smollm2", None, None);
+    let lifted = RequestLimits {
+        max_messages: 1 << 20,
+        max_content_parts: 1 << 21,
+    };
+    let api = ApiKind::ChatCompletions;
+    // The default limits (scaled with the bodies under `cargo test`).
+    let defaults = RequestLimits {
+        max_messages: RequestLimits::default().max_messages / scale,
+        max_content_parts: RequestLimits::default().max_content_parts / scale,
+    };
+
+    let mut g = c.benchmark_group("hostile");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for (name, body) in [
+        ("500k_tiny_image_parts", &tiny),
+        ("60k_image_messages", &images_60k),
+    ] {
+        assert_eq!(
+            request::parse_with(api, body, defaults)
+                .unwrap_err()
+                .http_status(),
+            413,
+            "over the default limit"
+        );
+        g.bench_function(format!("parse_{name}_default_limits_413"), |b| {
+            b.iter(|| black_box(request::parse_with(api, black_box(body), defaults).is_err()))
+        });
+    }
+    g.bench_function("parse_identify_10k_image_messages", |b| {
+        b.iter(|| {
+            let parsed = request::parse_with(api, &images_10k, defaults).unwrap();
+            black_box(reg.identify(&parsed, &ns).block_hashes.len())
+        })
+    });
+    for (name, body) in [
+        ("500k_tiny_image_parts", &tiny),
+        ("60k_image_messages", &images_60k),
+    ] {
+        let parsed = request::parse_with(api, body, lifted).unwrap();
+        let id = reg.identify(&parsed, &ns);
+        println!(
+            "{name}, limits lifted: source {} ({:?})",
+            id.source(),
+            id.fallback
+        );
+        g.bench_function(format!("parse_identify_{name}_limits_lifted"), |b| {
+            b.iter(|| {
+                let parsed = request::parse_with(api, body, lifted).unwrap();
+                black_box(reg.identify(&parsed, &ns).block_hashes.len())
+            })
+        });
+        g.bench_function(
+            format!("parse_identify_{name}_limits_lifted_budget_100ms"),
+            |b| {
+                b.iter(|| {
+                    let deadline = Instant::now() + Duration::from_millis(100);
+                    let parsed = request::parse_with(api, body, lifted).unwrap();
+                    black_box(
+                        reg.identify_until(&parsed, &ns, Some(deadline))
+                            .block_hashes
+                            .len(),
+                    )
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_prefix, bench_hostile);
 criterion_main!(benches);

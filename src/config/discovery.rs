@@ -44,6 +44,18 @@ pub struct DnsConfig {
     pub port: u16,
     /// Re-resolve every this many ms. Default 5000; must be >= 100.
     pub refresh_ms: u64,
+    /// At most this many addresses of one answer become endpoints (the lowest, after sorting,
+    /// so the choice is stable); the rest are dropped with a warning. A DNS answer is data from
+    /// the network: without a cap one answer could add thousands of endpoints, each scraped and
+    /// probed. 1..=4096. Default 256.
+    pub max_addresses: usize,
+    /// Accept loopback addresses (127.0.0.0/8, ::1) in answers. Default false: a DNS name of a
+    /// pool of replicas should not resolve to the router's own host, and accepting it would let
+    /// whoever controls the answer point scrapes and traffic at local services (the router's
+    /// admin port, a sidecar). Names under `localhost` (RFC 6761) always may resolve to
+    /// loopback. Link-local (169.254.0.0/16 with cloud metadata services, fe80::/10),
+    /// unspecified, multicast and broadcast addresses are never accepted.
+    pub allow_loopback: bool,
 }
 
 impl Default for DnsConfig {
@@ -52,6 +64,8 @@ impl Default for DnsConfig {
             name: String::new(),
             port: 0,
             refresh_ms: 5000,
+            max_addresses: 256,
+            allow_loopback: false,
         }
     }
 }

@@ -19,7 +19,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +47,14 @@ pub struct KvEventsConfig {
     /// How much a matched block counts by where the engine holds it (GPU, CPU offload, slower),
     /// each in [0, 1]. Default gpu 1.0, cpu 0.8, other 0.5.
     pub medium_weights: MediumWeights,
+    /// Largest message (all its frames) a publisher may announce to a bound socket, in bytes;
+    /// a connection announcing more is closed before anything is allocated for it. Must be > 0.
+    /// Default 16777216 (16 MiB; a vLLM batch is a few KB, a long prefill's a few hundred KB).
+    pub max_message_bytes: u64,
+    /// IPs allowed to publish to bound sockets besides the IPs of the endpoints sharing the
+    /// socket (an engine publishes from its own host; list others here, e.g. behind NAT).
+    /// Connections from any other IP are closed on accept. Default empty.
+    pub allowed_publishers: Vec<IpAddr>,
 }
 
 impl Default for KvEventsConfig {
@@ -57,6 +65,8 @@ impl Default for KvEventsConfig {
             max_engine_blocks: 1 << 22,
             max_namespaces: 1024,
             medium_weights: MediumWeights::default(),
+            max_message_bytes: 16 << 20,
+            allowed_publishers: Vec::new(),
         }
     }
 }
@@ -95,7 +105,10 @@ pub struct KvEventsSubscription {
     pub connect: Option<String>,
     /// One SUB socket bound here that the publishers connect to (vLLM connects when its
     /// endpoint names a host, e.g. `tcp://<router ip>:5557`), shared by every endpoint whose
-    /// `bind` is the same address; their topics tell them apart. E.g. `tcp://0.0.0.0:5557`.
+    /// `bind` is the same address; their topics tell them apart. The host is where it listens:
+    /// `tcp://:5557` (no host) is loopback only, `tcp://10.0.0.2:5557` one interface,
+    /// `tcp://*:5557` or `tcp://0.0.0.0:5557` every interface. Only the endpoints' own IPs
+    /// (and `kv_events.allowed_publishers`) may publish to it.
     pub bind: Option<String>,
     /// The topic each endpoint's publisher sends (vLLM's `topic`), a template; a message
     /// belongs to the endpoint whose topic equals its topic or is followed in it by `@` (so
@@ -200,7 +213,8 @@ pub fn expand_template(template: &str, address: SocketAddr, zmq: bool) -> Result
     Ok(out)
 }
 
-/// Checks a `tcp://host:port` ZMQ endpoint: `bind` allows wildcard hosts and port 0.
+/// Checks a `tcp://host:port` ZMQ endpoint: `bind` allows wildcard hosts, no host (loopback)
+/// and port 0.
 pub fn check_zmq_endpoint(endpoint: &str, bind: bool) -> Result<(), String> {
     let rest = endpoint
         .strip_prefix("tcp://")
@@ -212,7 +226,8 @@ pub fn check_zmq_endpoint(endpoint: &str, bind: bool) -> Result<(), String> {
         .parse()
         .map_err(|_| format!("{endpoint:?}: {port:?} is not a port"))?;
     let wildcard = matches!(host, "*" | "0.0.0.0" | "[::]" | "::" | "[*]");
-    if host.is_empty() {
+    // A bound socket without a host listens on loopback only.
+    if host.is_empty() && !bind {
         return Err(format!("{endpoint:?}: missing host"));
     }
     if !bind && wildcard {
@@ -267,6 +282,9 @@ impl Config {
         }
         if k.max_engine_blocks == 0 {
             push("kv_events.max_engine_blocks".into(), "must be > 0".into());
+        }
+        if k.max_message_bytes == 0 {
+            push("kv_events.max_message_bytes".into(), "must be > 0".into());
         }
         if !(1..=65_535).contains(&k.max_namespaces) {
             push(

@@ -38,6 +38,10 @@ pub struct ScrapeConfig {
     pub staleness_ms: u64,
     /// The metrics path on each endpoint's address. Default `/metrics`.
     pub path: String,
+    /// Largest metrics body read, in bytes; a longer one fails the scrape (kind `too-large`)
+    /// after reading at most this much. Redirects are never followed. At least 65536.
+    /// Default 4194304 (4 MiB; a real vLLM exposition is about 53 KB).
+    pub max_body_bytes: usize,
 }
 
 impl Default for ScrapeConfig {
@@ -50,6 +54,7 @@ impl Default for ScrapeConfig {
             max_concurrent: 32,
             staleness_ms: 2000,
             path: "/metrics".to_string(),
+            max_body_bytes: 4 << 20,
         }
     }
 }
@@ -121,6 +126,12 @@ impl LoadConfig {
         }
         if s.staleness_ms == 0 {
             errors.push("load.scrape.staleness_ms", "must be > 0");
+        }
+        if s.max_body_bytes < 65_536 {
+            errors.push(
+                "load.scrape.max_body_bytes",
+                format!("must be at least 65536 (got {})", s.max_body_bytes),
+            );
         }
         if !s.path.starts_with('/') {
             errors.push(

@@ -174,6 +174,18 @@ pub struct RoutingConfig {
     pub max_buffered_body_bytes: usize,
     /// Seconds in the `retry-after` header of a 503 (no healthy endpoint). Default 1.
     pub retry_after_s: u32,
+    /// Most entries in a chat request's `messages`; more gets 413 (counted while parsing, so
+    /// the rest of such a body is never built). Must be > 0. Default 10000.
+    pub max_messages: usize,
+    /// Most content parts over all messages of one request (a string `content` counts as one);
+    /// more gets 413. Must be > 0. Default 20000.
+    pub max_content_parts: usize,
+    /// Time budget for a request's prefix identity (render + tokenize), in ms, counted from when
+    /// its decision starts (so it bounds how long one request holds a tokenizing slot). Past it before rendering, the request is identified by the byte
+    /// estimate; past it while tokenizing, by the exact prefix tokenized so far (decision prefix
+    /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
+    /// never fails for lack of one. 0 disables the deadline. Default 100.
+    pub prefix_budget_ms: u64,
 }
 
 impl Default for RoutingConfig {
@@ -184,7 +196,27 @@ impl Default for RoutingConfig {
             max_body_bytes: 32 << 20,
             max_buffered_body_bytes: 1 << 30,
             retry_after_s: 1,
+            max_messages: crate::request::DEFAULT_MAX_MESSAGES,
+            max_content_parts: crate::request::DEFAULT_MAX_CONTENT_PARTS,
+            prefix_budget_ms: 100,
         }
+    }
+}
+
+impl RoutingConfig {
+    /// The body-shape limits to parse requests with (`max_messages`, `max_content_parts`).
+    pub fn request_limits(&self) -> crate::request::RequestLimits {
+        crate::request::RequestLimits {
+            max_messages: self.max_messages,
+            max_content_parts: self.max_content_parts,
+        }
+    }
+
+    /// The deadline of a prefix identity whose work starts at `started`
+    /// (`started + prefix_budget_ms`), or none when the budget is 0.
+    pub fn prefix_deadline(&self, started: std::time::Instant) -> Option<std::time::Instant> {
+        (self.prefix_budget_ms > 0)
+            .then(|| started + std::time::Duration::from_millis(self.prefix_budget_ms))
     }
 }
 
@@ -217,6 +249,17 @@ pub struct ModelConfig {
     /// system prompts), about 4 bytes each plus a small per-segment overhead. 0 disables the
     /// cache. Default 1048576.
     pub token_cache_tokens: u64,
+    /// Work one chat-template render may do, in minijinja fuel (about one unit per template
+    /// instruction and per 64 bytes of data it handles). A render that runs out (a pathological
+    /// template on a huge conversation) is abandoned and the request is identified by the byte
+    /// estimate (prefix source `bytes`, fallback `work-budget`). Must be > 0. Default 10000000:
+    /// about a second of rendering at most; a 10,000-message chat with Qwen3's template uses
+    /// 0.6M, a 32 MiB conversation 2.6M (Qwen3) to 2.8M (Llama 3).
+    pub template_fuel: u64,
+    /// Most bytes a rendered chat prompt may have; a larger one is abandoned for the byte
+    /// estimate, as for `template_fuel`. Must be > 0. Default 67108864 (64 MiB, twice the
+    /// default `routing.max_body_bytes`).
+    pub max_rendered_prompt_bytes: u64,
 }
 
 impl Default for ModelConfig {
@@ -229,6 +272,9 @@ impl Default for ModelConfig {
             block_size_tokens: 16,
             max_prefix_tokens: 32_768,
             token_cache_tokens: 1 << 20,
+            template_fuel: crate::prefix::template::DEFAULT_TEMPLATE_FUEL,
+            max_rendered_prompt_bytes: crate::prefix::template::DEFAULT_MAX_RENDERED_PROMPT_BYTES
+                as u64,
         }
     }
 }
@@ -296,6 +342,13 @@ pub struct CacheIndexConfig {
     /// How long a block predicted from our own routing decision counts as cached, in
     /// milliseconds, unless the engine's KV events confirm it. Must be > 0. Default 120000.
     pub prediction_ttl_ms: u64,
+    /// The largest KV capacity an engine's own report (`vllm:cache_config_info`
+    /// `block_size × num_gpu_blocks`, `sglang:max_total_num_tokens`) may give its endpoint, in
+    /// tokens; a larger report is clamped to it, so a wrong or hostile report cannot make the
+    /// index hold unbounded entries for one endpoint (about 80 bytes per block). Capacities set
+    /// in the config (`cache_capacity_tokens`) are not clamped. Must be > 0. Default 8388608
+    /// (8 Mi tokens: 10x an 8B model's KV cache on a 141 GB GPU; 512k 16-token blocks, ~40 MB).
+    pub max_engine_capacity_tokens: u64,
 }
 
 impl Default for CacheIndexConfig {
@@ -303,7 +356,15 @@ impl Default for CacheIndexConfig {
         Self {
             default_capacity_blocks: 31_250,
             prediction_ttl_ms: 120_000,
+            max_engine_capacity_tokens: 8 << 20,
         }
+    }
+}
+
+impl CacheIndexConfig {
+    /// An engine-reported KV capacity, in tokens, clamped to `max_engine_capacity_tokens`.
+    pub fn clamp_engine_capacity(&self, reported_tokens: u64) -> u64 {
+        reported_tokens.min(self.max_engine_capacity_tokens)
     }
 }
 

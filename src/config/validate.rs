@@ -104,6 +104,12 @@ impl Config {
         if self.routing.max_body_bytes == 0 {
             errors.push("routing.max_body_bytes", "must be > 0");
         }
+        if self.routing.max_messages == 0 {
+            errors.push("routing.max_messages", "must be > 0");
+        }
+        if self.routing.max_content_parts == 0 {
+            errors.push("routing.max_content_parts", "must be > 0");
+        }
         if self.routing.max_buffered_body_bytes < self.routing.max_body_bytes {
             errors.push(
                 "routing.max_buffered_body_bytes",
@@ -150,6 +156,9 @@ impl Config {
         if self.cache_index.prediction_ttl_ms == 0 {
             errors.push("cache_index.prediction_ttl_ms", "must be > 0");
         }
+        if self.cache_index.max_engine_capacity_tokens == 0 {
+            errors.push("cache_index.max_engine_capacity_tokens", "must be > 0");
+        }
         self.validate_pools(&mut errors);
         self.load.validate(&mut errors);
         self.health.validate(&mut errors);
@@ -183,6 +192,12 @@ impl Config {
                         model.block_size_tokens, model.max_prefix_tokens
                     ),
                 );
+            }
+            if model.template_fuel == 0 {
+                errors.push(format!("{at}.template_fuel"), "must be > 0");
+            }
+            if model.max_rendered_prompt_bytes == 0 {
+                errors.push(format!("{at}.max_rendered_prompt_bytes"), "must be > 0");
             }
             for (field, value) in [
                 ("tokenizer", &model.tokenizer),
@@ -285,6 +300,12 @@ impl Config {
                 }
                 if dns.refresh_ms < 100 {
                     errors.push(format!("{at}.dns.refresh_ms"), "must be >= 100");
+                }
+                if !(1..=4096).contains(&dns.max_addresses) {
+                    errors.push(
+                        format!("{at}.dns.max_addresses"),
+                        format!("must be in 1..=4096 (got {})", dns.max_addresses),
+                    );
                 }
                 if pool.models.is_empty() {
                     errors.push(
@@ -395,6 +416,33 @@ pools:
             .into_iter()
             .map(|e| e.to_string())
             .collect()
+    }
+
+    #[test]
+    fn hardening_limits_have_defaults_and_engine_capacity_is_clamped() {
+        let config = Config::from_yaml(GOOD).unwrap();
+        let limits = config.routing.request_limits();
+        assert_eq!(
+            (limits.max_messages, limits.max_content_parts),
+            (10_000, 20_000)
+        );
+        assert_eq!(config.routing.prefix_budget_ms, 100);
+        assert_eq!(config.load.scrape.max_body_bytes, 4 << 20);
+        let c = &config.cache_index;
+        assert_eq!(c.clamp_engine_capacity(1000), 1000);
+        assert_eq!(c.clamp_engine_capacity(u64::MAX), 8 << 20);
+        let start = std::time::Instant::now();
+        assert_eq!(
+            config.routing.prefix_deadline(start),
+            Some(start + std::time::Duration::from_millis(100))
+        );
+        let off = Config::from_yaml("routing: {prefix_budget_ms: 0}").unwrap();
+        assert_eq!(off.routing.prefix_deadline(start), None);
+        let m = &config.models[0];
+        assert_eq!(
+            (m.template_fuel, m.max_rendered_prompt_bytes),
+            (10_000_000, 64 << 20)
+        );
     }
 
     #[test]
@@ -549,6 +597,34 @@ pools:
             (
                 "load: {learning: {min_prefill_tokens_per_s: 500, max_prefill_tokens_per_s: 100}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "load.learning.max_prefill_tokens_per_s: must be finite and >= min",
+            ),
+            (
+                "routing: {max_messages: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "routing.max_messages: must be > 0",
+            ),
+            (
+                "routing: {max_content_parts: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "routing.max_content_parts: must be > 0",
+            ),
+            (
+                "models: [{name: m, template_fuel: 0}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].template_fuel: must be > 0",
+            ),
+            (
+                "models: [{name: m, max_rendered_prompt_bytes: 0}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].max_rendered_prompt_bytes: must be > 0",
+            ),
+            (
+                "cache_index: {max_engine_capacity_tokens: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "cache_index.max_engine_capacity_tokens: must be > 0",
+            ),
+            (
+                "pools: [{name: a, models: [m], dns: {name: svc, port: 80, max_addresses: 0}}]",
+                "pools[0].dns.max_addresses: must be in 1..=4096 (got 0)",
+            ),
+            (
+                "load: {scrape: {max_body_bytes: 100}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "load.scrape.max_body_bytes: must be at least 65536",
             ),
             (
                 "health: {probe: {failure_threshold: 0}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",

@@ -3,10 +3,15 @@
 //!
 //! A failed lookup keeps the last list (a DNS hiccup must not empty the pool); an unchanged
 //! answer publishes nothing. Addresses come in with the pool's models, adapters and settings.
+//!
+//! An answer is data from the network, so it is filtered before it becomes endpoints
+//! ([`accept_answer`]): addresses that cannot be a replica or that point at the router's own
+//! host or at link-local services (cloud metadata at 169.254.169.254) are dropped, and at most
+//! `dns.max_addresses` are kept.
 
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,10 +82,18 @@ impl Discovery for DnsDiscovery {
             let mut last: Option<Vec<SocketAddr>> = None;
             loop {
                 match self.resolver.resolve(&self.dns.name, self.dns.port).await {
-                    Ok(mut addrs) => {
-                        addrs.retain(|a| !a.ip().is_unspecified() && a.port() != 0);
-                        addrs.sort_unstable();
-                        addrs.dedup();
+                    Ok(addrs) => {
+                        let (addrs, dropped) = accept_answer(addrs, &self.dns);
+                        if dropped.any() && last.as_ref() != Some(&addrs) {
+                            tracing::warn!(
+                                source = %key,
+                                name = %self.dns.name,
+                                refused = dropped.refused,
+                                over_cap = dropped.over_cap,
+                                max_addresses = self.dns.max_addresses,
+                                "DNS answer had addresses that are not accepted as endpoints"
+                            );
+                        }
                         if last.as_ref() != Some(&addrs) {
                             let eps = addrs
                                 .iter()
@@ -110,10 +123,130 @@ impl Discovery for DnsDiscovery {
     }
 }
 
+/// Addresses of an answer that were not taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Not a replica address: unspecified, multicast, broadcast, link-local, port 0, or
+    /// loopback when the pool does not allow it.
+    pub refused: usize,
+    /// Acceptable, but past `max_addresses`.
+    pub over_cap: usize,
+}
+
+impl Dropped {
+    /// Whether anything was dropped.
+    pub fn any(&self) -> bool {
+        self.refused + self.over_cap > 0
+    }
+}
+
+/// The endpoints an answer for `dns` yields: acceptable addresses, sorted, deduplicated, at
+/// most `dns.max_addresses` (the lowest, so the choice does not flap with answer order).
+/// Loopback is acceptable when `dns.allow_loopback` is set or the name is `localhost` or under
+/// it (RFC 6761 reserves those names for loopback).
+pub fn accept_answer(mut addrs: Vec<SocketAddr>, dns: &DnsConfig) -> (Vec<SocketAddr>, Dropped) {
+    let loopback_ok = dns.allow_loopback || is_localhost_name(&dns.name);
+    let before = addrs.len();
+    addrs.retain(|a| a.port() != 0 && acceptable(a.ip(), loopback_ok));
+    let refused = before - addrs.len();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let over_cap = addrs.len().saturating_sub(dns.max_addresses);
+    addrs.truncate(dns.max_addresses);
+    (addrs, Dropped { refused, over_cap })
+}
+
+fn is_localhost_name(name: &str) -> bool {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost")
+}
+
+/// Whether `ip` may be a replica's address.
+fn acceptable(ip: IpAddr, loopback_ok: bool) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            !(v4.is_unspecified()
+                || o[0] == 0 // "this network", 0.0.0.0/8
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_link_local()
+                || (v4.is_loopback() && !loopback_ok))
+        }
+        IpAddr::V6(v6) => {
+            !(v6.is_unspecified()
+                || v6.is_multicast()
+                || v6.is_unicast_link_local()
+                || (v6.is_loopback() && !loopback_ok))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::discovery::Registry;
+
+    #[test]
+    fn answers_are_filtered_and_capped() {
+        let dns = |name: &str, allow_loopback: bool, max_addresses: usize| DnsConfig {
+            name: name.into(),
+            port: 8000,
+            allow_loopback,
+            max_addresses,
+            ..DnsConfig::default()
+        };
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let answer = vec![
+            a("10.0.0.2:8000"),
+            a("10.0.0.1:8000"),
+            a("10.0.0.1:8000"),
+            a("127.0.0.1:8000"),
+            a("[::1]:8000"),
+            a("[::ffff:127.0.0.1]:8000"),
+            a("169.254.169.254:8000"),
+            a("[fe80::1]:8000"),
+            a("0.0.0.0:8000"),
+            a("0.1.2.3:8000"),
+            a("224.0.0.1:8000"),
+            a("255.255.255.255:8000"),
+            a("[::]:8000"),
+            a("[ff02::1]:8000"),
+            a("10.0.0.3:0"),
+            a("[2001:db8::1]:8000"),
+        ];
+        let (kept, dropped) = accept_answer(answer.clone(), &dns("vllm.svc", false, 256));
+        assert_eq!(
+            kept,
+            vec![
+                a("10.0.0.1:8000"),
+                a("10.0.0.2:8000"),
+                a("[2001:db8::1]:8000")
+            ]
+        );
+        assert_eq!(
+            dropped,
+            Dropped {
+                refused: 12,
+                over_cap: 0
+            }
+        );
+        let (kept, _) = accept_answer(answer.clone(), &dns("vllm.svc", true, 256));
+        assert_eq!(kept.len(), 6, "loopback allowed: {kept:?}");
+        for name in ["localhost", "LOCALHOST.", "vllm.localhost"] {
+            let (kept, _) = accept_answer(answer.clone(), &dns(name, false, 256));
+            assert_eq!(kept.len(), 6, "{name} may resolve to loopback");
+        }
+        let (kept, dropped) = accept_answer(answer, &dns("vllm.svc", false, 2));
+        assert_eq!(kept, vec![a("10.0.0.1:8000"), a("10.0.0.2:8000")]);
+        assert_eq!(
+            dropped,
+            Dropped {
+                refused: 12,
+                over_cap: 1
+            }
+        );
+    }
     use parking_lot::Mutex;
 
     /// Answers from a script the test edits; counts lookups.

@@ -41,6 +41,10 @@ use super::state::{Published, Reason, SourceState};
 use super::wire::{Event, Message, WireError};
 use crate::index::{EndpointId, OwnershipIndex};
 
+/// Most data-parallel ranks tracked per endpoint (vLLM deployments run a few to a few dozen);
+/// a message from a further rank is treated as malformed.
+pub(crate) const MAX_DP_RANKS: usize = 256;
+
 /// What the view of the engine's cache rests on (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum View {
@@ -87,7 +91,7 @@ pub struct StreamCounters {
 pub(crate) struct Applier {
     ep: EndpointId,
     blocks: EngineBlocks,
-    /// Next expected sequence per data-parallel rank.
+    /// Next expected sequence per data-parallel rank, at most [`MAX_DP_RANKS`] of them.
     expected: Vec<(u32, u64)>,
     view: View,
     /// What a first batch that is not sequence 0 means: we joined a running stream, or came
@@ -194,7 +198,7 @@ impl Applier {
             Err((_, seq)) => {
                 // Its events are lost: as a gap, from here on.
                 self.counters.malformed += 1;
-                if let Some((seq, rank)) = seq {
+                if let Some((seq, rank)) = seq.filter(|&(_, rank)| self.has_room_for(rank)) {
                     self.set_expected(rank, seq + 1);
                 }
                 self.link = None;
@@ -203,6 +207,13 @@ impl Applier {
             }
         };
         let rank = message.batch.dp_rank.unwrap_or(0);
+        if !self.has_room_for(rank) {
+            // More data-parallel ranks than any engine runs: not a stream we can follow.
+            self.counters.malformed += 1;
+            self.link = None;
+            self.lose(Reason::Malformed, index);
+            return;
+        }
         self.sequence(message.seq, rank, index);
         for event in &message.batch.events {
             self.apply(event, index);
@@ -210,6 +221,13 @@ impl Applier {
         if self.blocks.len() > self.max_engine_blocks {
             self.lose(Reason::Overflow, index);
         }
+    }
+
+    /// Whether `rank` has (or may get) an entry in the sequence table, which holds at most
+    /// [`MAX_DP_RANKS`] ranks: the rank comes from the message, so the table must not grow on
+    /// a publisher's word.
+    fn has_room_for(&self, rank: u32) -> bool {
+        self.expected.len() < MAX_DP_RANKS || self.expected.iter().any(|&(r, _)| r == rank)
     }
 
     fn set_expected(&mut self, rank: u32, next: u64) -> Option<u64> {

@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::apply::Applier;
 use super::blocks::Rehash;
+use super::gate::GateLimits;
 use super::state::{Published, Reason};
 use crate::config::ResolvedKvEvents;
 use crate::index::{Clock, EndpointId, OwnershipIndex};
@@ -19,6 +21,10 @@ pub(crate) struct Shared {
     pub(crate) index: Arc<OwnershipIndex>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) unrouted: AtomicU64,
+    /// Publisher connections the gates closed (IP not allowed, too many, or over the limits).
+    pub(crate) refused: AtomicU64,
+    /// The gates' settings, replaced on reload.
+    pub(crate) gate: ArcSwap<GateLimits>,
 }
 
 impl Shared {
@@ -35,6 +41,8 @@ impl Shared {
             )),
             clock: Arc::new(crate::index::ManualClock::new(1)),
             unrouted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            gate: ArcSwap::from_pointee(GateLimits::default()),
         })
     }
 }

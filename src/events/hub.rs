@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::apply::{self, StreamCounters};
 use super::blocks::Rehash;
 use super::endpoint::{EndpointEvents, Shared};
+use super::gate::GateLimits;
 use super::state::{Reason, SourceState};
 use super::subscriber::{self, Routes};
 use super::EventsError;
@@ -130,6 +131,8 @@ impl KvEvents {
                     index,
                     clock,
                     unrouted: AtomicU64::new(0),
+                    refused: AtomicU64::new(0),
+                    gate: ArcSwap::from_pointee(GateLimits::of(config)),
                 }),
                 interner,
                 settings: ArcSwap::from_pointee(Settings::of(config)),
@@ -180,6 +183,7 @@ impl KvEvents {
         let shared = &inner.shared;
         let settings = Settings::of(config);
         inner.settings.store(Arc::new(settings.clone()));
+        shared.gate.store(Arc::new(GateLimits::of(config)));
         let now = shared.clock.now_ms();
         let old = inner.by_id.load_full();
         let mut by_id: Vec<Option<Arc<EndpointEvents>>> = Vec::new();
@@ -445,6 +449,13 @@ impl KvEvents {
     /// Messages whose topic matched no endpoint of their bound socket.
     pub fn unrouted_messages(&self) -> u64 {
         self.inner.shared.unrouted.load(Ordering::Relaxed)
+    }
+
+    /// Publisher connections refused by the bound sockets' gates: from an IP that is not an
+    /// endpoint's nor in `kv_events.allowed_publishers`, too many from one IP, or announcing a
+    /// message over `kv_events.max_message_bytes`.
+    pub fn refused_publishers(&self) -> u64 {
+        self.inner.shared.refused.load(Ordering::Relaxed)
     }
 
     /// The resolved address of each bound socket (`tcp://0.0.0.0:0` becomes its real port), as

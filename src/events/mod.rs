@@ -53,6 +53,7 @@
 mod apply;
 mod blocks;
 mod endpoint;
+mod gate;
 mod hub;
 mod msgpack;
 mod replay;
@@ -76,7 +77,7 @@ pub enum EventsError {
     Bind {
         /// The configured endpoint.
         endpoint: String,
-        /// What zeromq said.
+        /// What the socket or the OS said.
         message: String,
     },
 }

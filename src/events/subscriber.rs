@@ -6,22 +6,22 @@
 //!   next batch says whether anything was lost.
 //! - **Bind** (publishers connect, vLLM endpoint `tcp://<router>:port`): one socket per bound
 //!   address, shared by every endpoint configured with it and subscribed to everything; a
-//!   message goes to the endpoint whose topic matches (see [`Routes::find`]). A peer's
-//!   disconnection withdraws the blocks of the endpoints on that peer's IP, or of the only
-//!   endpoint when there is one.
+//!   message goes to the endpoint whose topic matches (see [`Routes::find`]). The address is
+//!   held by [`super::gate`], which admits only the endpoints' own IPs (and
+//!   `kv_events.allowed_publishers`), bounds message sizes before the `zeromq` crate reserves
+//!   memory for them, and relays to the SUB socket on loopback. A publisher's disconnection
+//!   withdraws the blocks of the endpoints on its IP, or of the only endpoint when there is one.
 //!
 //! Messages are decoded outside any lock, then applied under the endpoint's lock; the request
 //! path never takes that lock.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures::StreamExt;
-use zeromq::util::PeerIdentity;
 use zeromq::{Endpoint, Host, Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
 
 use super::apply::{apply_and_publish, decode};
@@ -53,7 +53,7 @@ impl Routes {
 }
 
 /// How long to wait before retrying a failed connect or after a receive error.
-const RETRY: Duration = Duration::from_millis(200);
+pub(crate) const RETRY: Duration = Duration::from_millis(200);
 
 /// Runs a connecting socket until the task is aborted. With `replay` (the publisher's replay
 /// socket), each connect first fetches and applies the publisher's buffered batches (see
@@ -93,7 +93,7 @@ pub(crate) async fn run_connect(
             &mut monitor,
             &routes,
             &shared,
-            None,
+            false,
             &mut overlap,
         )
         .await;
@@ -140,41 +140,66 @@ async fn replay_into(
 }
 
 /// Binds `endpoint` (before returning, so errors and the resolved port are known) and spawns
-/// the socket's task. Returns the task and the bound endpoint.
+/// the socket's task: the [`super::gate`] on `endpoint`, relaying to a SUB socket on an
+/// ephemeral loopback port. A wildcard host (`*`) is every interface; an empty one
+/// (`tcp://:5557`) is loopback. Returns the task and the bound endpoint (`tcp://ip:port`).
 pub(crate) async fn start_bind(
     endpoint: &str,
     routes: Arc<ArcSwap<Routes>>,
     shared: Arc<Shared>,
-) -> Result<(tokio::task::JoinHandle<()>, String), zeromq::ZmqError> {
+) -> Result<(tokio::task::JoinHandle<()>, String), std::io::Error> {
+    let public = bind_address(endpoint)?;
+    let listener = tokio::net::TcpListener::bind(public.as_str()).await?;
+    let shown = format!("tcp://{}", listener.local_addr()?);
     let mut socket = SubSocket::new();
     let mut monitor = socket.monitor();
-    let zmq_endpoint = endpoint.replacen("tcp://*:", "tcp://0.0.0.0:", 1);
-    let bound = socket.bind(&zmq_endpoint).await?;
-    socket.subscribe("").await?;
-    let shown = bound.to_string();
+    let inner = match socket.bind("tcp://127.0.0.1:0").await {
+        Ok(Endpoint::Tcp(Host::Ipv4(ip), port)) => SocketAddr::from((ip, port)),
+        Ok(other) => {
+            return Err(std::io::Error::other(format!(
+                "the inner socket bound {other}, not an IPv4 loopback address"
+            )))
+        }
+        Err(e) => return Err(std::io::Error::other(e.to_string())),
+    };
+    socket
+        .subscribe("")
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     tracing::info!(endpoint = %shown, "kv events: bound");
     let task = tokio::spawn(async move {
-        let mut peers = HashMap::new();
-        receive(
-            &mut socket,
-            &mut monitor,
-            &routes,
-            &shared,
-            Some(&mut peers),
-            &mut Overlap::default(),
-        )
-        .await;
+        let gate = super::gate::run(listener, inner, Arc::clone(&routes), Arc::clone(&shared));
+        let mut overlap = Overlap::default();
+        tokio::select! {
+            () = receive(&mut socket, &mut monitor, &routes, &shared, true, &mut overlap) => {}
+            () = gate => {}
+        }
     });
     Ok((task, shown))
 }
 
-/// Receives until the socket is gone. `peers` (bound sockets) maps peer ids to their IPs.
+/// The `host:port` a bind endpoint (`tcp://host:port`) listens on.
+fn bind_address(endpoint: &str) -> Result<String, std::io::Error> {
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not tcp://host:port");
+    let rest = endpoint.strip_prefix("tcp://").ok_or_else(invalid)?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(invalid)?;
+    let host = match host {
+        "" => "127.0.0.1",
+        "*" => "0.0.0.0",
+        "[*]" => "[::]",
+        h => h,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Receives until the socket is gone. A bound socket's peers are the gate's relays: its
+/// [`super::gate`] reports publishers that go away, so their socket events are ignored here.
 async fn receive(
     socket: &mut SubSocket,
     monitor: &mut futures::channel::mpsc::Receiver<SocketEvent>,
     routes: &ArcSwap<Routes>,
     shared: &Shared,
-    mut peers: Option<&mut HashMap<PeerIdentity, IpAddr>>,
+    bound: bool,
     overlap: &mut Overlap,
 ) {
     loop {
@@ -187,13 +212,14 @@ async fn receive(
                 }
             },
             event = monitor.next() => match event {
+                Some(_) if bound => {}
                 Some(event) => {
                     // A connecting socket whose publisher went away: reconnect on our own
                     // cadence (`RETRY`). The zeromq crate's own reconnect backs off to 30 s, so
                     // an engine that took a minute to restart had published its first batch
                     // before we were back, and that loss left it partial for good.
-                    let lost = peers.is_none() && matches!(event, SocketEvent::Disconnected(_));
-                    on_socket_event(event, routes, shared, peers.as_deref_mut());
+                    let lost = matches!(event, SocketEvent::Disconnected(_));
+                    on_socket_event(event, routes, shared);
                     if lost {
                         return;
                     }
@@ -204,36 +230,16 @@ async fn receive(
     }
 }
 
-fn on_socket_event(
-    event: SocketEvent,
-    routes: &ArcSwap<Routes>,
-    shared: &Shared,
-    peers: Option<&mut HashMap<PeerIdentity, IpAddr>>,
-) {
+/// A connecting socket's events.
+fn on_socket_event(event: SocketEvent, routes: &ArcSwap<Routes>, shared: &Shared) {
     let routes = routes.load();
-    match (event, peers) {
-        (SocketEvent::Accepted(Endpoint::Tcp(host, _), peer), Some(peers)) => {
-            match host {
-                Host::Ipv4(ip) => peers.insert(peer, IpAddr::V4(ip)),
-                Host::Ipv6(ip) => peers.insert(peer, IpAddr::V6(ip)),
-                Host::Domain(_) => None,
-            };
-        }
-        (SocketEvent::Disconnected(peer), Some(peers)) => {
-            let ip = peers.remove(&peer);
-            let only = routes.endpoints.len() == 1;
-            for (_, ep) in &routes.endpoints {
-                if only || ip.is_some_and(|ip| ep.address().ip() == ip) {
-                    ep.link_lost(Reason::Disconnected, shared);
-                }
-            }
-        }
-        (SocketEvent::Disconnected(_), None) => {
+    match event {
+        SocketEvent::Disconnected(_) => {
             for (_, ep) in &routes.endpoints {
                 ep.link_lost(Reason::Disconnected, shared);
             }
         }
-        (SocketEvent::Connected(..), None) => {
+        SocketEvent::Connected(..) => {
             for (_, ep) in &routes.endpoints {
                 ep.connected(shared);
             }

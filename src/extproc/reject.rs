@@ -89,7 +89,8 @@ impl Rejection {
 impl From<RequestError> for Rejection {
     fn from(e: RequestError) -> Rejection {
         Rejection {
-            status: 400,
+            // 413 for a body over the router's shape limits, 400 for the rest.
+            status: e.http_status(),
             param: e.param().map(str::to_string),
             message: e.to_string(),
             kind: "invalid_request_error",
@@ -177,6 +178,14 @@ mod tests {
                 }),
                 503,
                 None,
+            ),
+            (
+                Rejection::from(RequestError::TooLarge {
+                    field: "messages",
+                    limit: 3,
+                }),
+                413,
+                Some("messages"),
             ),
         ];
         for (rejection, status, param) in cases {

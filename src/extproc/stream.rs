@@ -739,7 +739,11 @@ fn decide_guarded(
 ) -> Result<Option<Decision>, Rejection> {
     let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let body = pending.body();
-        let parsed = request::parse(pending.api, &body)?;
+        let parsed = request::parse_with(
+            pending.api,
+            &body,
+            pending.state.config.routing.request_limits(),
+        )?;
         let ctx = RouteContext {
             subset: pending.subset.as_deref(),
             tenant: pending.tenant.as_deref(),

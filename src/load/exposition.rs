@@ -156,7 +156,11 @@ pub fn parse(
         let block: Option<u32> = label(m, "block_size").and_then(|v| v.parse().ok());
         let blocks: Option<u64> = label(m, "num_gpu_blocks").and_then(|v| v.parse().ok());
         block_size_tokens = block;
-        capacity_tokens = block.zip(blocks).map(|(b, n)| u64::from(b) * n);
+        // Saturating: the labels are the endpoint's text; the router clamps the capacity later
+        // (`cache_index.max_engine_capacity_tokens`).
+        capacity_tokens = block
+            .zip(blocks)
+            .map(|(b, n)| u64::from(b).saturating_mul(n));
     }
     if let Some(m) = names.capacity_tokens.and_then(family) {
         capacity_tokens = values(m).first().filter(|v| **v >= 1.0).map(|v| *v as u64);
@@ -310,6 +314,15 @@ vllm:time_to_first_token_seconds_bucket{engine="0",model_name="m",le="0.001"} 0
             parse(&vllm(), garbage, Instant::now()),
             Err(ExpositionError::Invalid(_))
         ));
+        let huge = "vllm:num_requests_waiting 1e300\nvllm:num_requests_running -5\nvllm:kv_cache_usage_perc 7\n\
+                    vllm:cache_config_info{block_size=\"4294967295\",num_gpu_blocks=\"18446744073709551615\"} 1\n";
+        let s = parse(&vllm(), huge, Instant::now()).unwrap();
+        assert_eq!(
+            s.capacity_tokens,
+            Some(u64::MAX),
+            "saturates, never overflows"
+        );
+        assert_eq!((s.running_requests, s.kv_cache_usage), (0, 1.0));
         let nan = "vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc NaN\n";
         let s = parse(&vllm(), nan, Instant::now()).unwrap();
         assert_eq!((s.waiting_requests, s.kv_cache_usage), (0, 0.0));

@@ -1,5 +1,12 @@
 //! One scrape of one endpoint's metrics: an HTTP GET with a deadline, parsed into an
 //! [`EngineSample`]. The loop that repeats it lives in [`crate::monitor`].
+//!
+//! What an endpoint sends back is bounded: the body is read chunk by chunk up to
+//! `load.scrape.max_body_bytes` (a declared `content-length` over it fails before reading), and
+//! a redirect is an error, never followed: [`client`] builds a client that does not follow
+//! them, and a response from another URL than the one asked (a client that did follow) is
+//! refused too. A scrape is a GET to an address from the config or from DNS; following a
+//! `Location` would let whoever answers there make the router fetch any URL.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,16 +31,25 @@ pub enum ScrapeError {
     /// The body is not what the pool's `engine` exposes.
     #[error(transparent)]
     Exposition(#[from] ExpositionError),
+    /// The body is longer than `load.scrape.max_body_bytes`.
+    #[error("the metrics body exceeds {0} bytes")]
+    TooLarge(usize),
+    /// The endpoint answered with a redirect (never followed).
+    #[error("the endpoint answered with a redirect, which is not followed")]
+    Redirect,
 }
 
 impl ScrapeError {
-    /// A short label for metrics: `connect`, `timeout`, `status`, `parse`.
+    /// A short label for metrics: `connect`, `timeout`, `status`, `parse`, `too-large`,
+    /// `redirect`.
     pub fn kind(&self) -> &'static str {
         match self {
             ScrapeError::Transport(_) => "connect",
             ScrapeError::Timeout(_) => "timeout",
             ScrapeError::Status(_) => "status",
             ScrapeError::Exposition(_) => "parse",
+            ScrapeError::TooLarge(_) => "too-large",
+            ScrapeError::Redirect => "redirect",
         }
     }
 
@@ -43,12 +59,28 @@ impl ScrapeError {
         match self {
             ScrapeError::Transport(_) | ScrapeError::Timeout(_) => true,
             ScrapeError::Status(s) => *s >= 500,
-            ScrapeError::Exposition(_) => false,
+            ScrapeError::Exposition(_) | ScrapeError::TooLarge(_) | ScrapeError::Redirect => false,
         }
     }
 }
 
-/// Scrapes `http://{addr}{path}` once, within `timeout` (connect, headers and body).
+/// Default of `load.scrape.max_body_bytes`: 4 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The HTTP client for scrapes and probes: keeps connections to the endpoints alive, and never
+/// follows a redirect.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(2)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .build()
+        .unwrap_or_default()
+}
+
+/// Scrapes `http://{addr}{path}` once, within `timeout` (connect, headers and body), reading
+/// at most [`DEFAULT_MAX_BODY_BYTES`].
 pub async fn scrape(
     client: &reqwest::Client,
     addr: SocketAddr,
@@ -56,24 +88,63 @@ pub async fn scrape(
     names: &MetricNames,
     timeout: Duration,
 ) -> Result<EngineSample, ScrapeError> {
+    scrape_capped(client, addr, path, names, timeout, DEFAULT_MAX_BODY_BYTES).await
+}
+
+/// [`scrape`] reading at most `max_body_bytes` of body (`load.scrape.max_body_bytes`).
+pub async fn scrape_capped(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    path: &str,
+    names: &MetricNames,
+    timeout: Duration,
+    max_body_bytes: usize,
+) -> Result<EngineSample, ScrapeError> {
+    let url = reqwest::Url::parse(&format!("http://{addr}{path}"))
+        .map_err(|e| ScrapeError::Transport(format!("bad metrics URL: {e}")))?;
     let fetch = async {
         let resp = client
-            .get(format!("http://{addr}{path}"))
+            .get(url.clone())
             .send()
             .await
             .map_err(|e| ScrapeError::Transport(without_url(e)))?;
         let status = resp.status();
+        if status.is_redirection() || *resp.url() != url {
+            return Err(ScrapeError::Redirect);
+        }
         if !status.is_success() {
             return Err(ScrapeError::Status(status.as_u16()));
         }
-        resp.text()
-            .await
-            .map_err(|e| ScrapeError::Transport(without_url(e)))
+        read_capped(resp, max_body_bytes).await
     };
-    let text = tokio::time::timeout(timeout, fetch)
+    let body = tokio::time::timeout(timeout, fetch)
         .await
         .map_err(|_| ScrapeError::Timeout(timeout))??;
+    let text = String::from_utf8_lossy(&body);
     Ok(exposition::parse(names, &text, Instant::now())?)
+}
+
+/// The body of `resp`, failing as soon as it is known to exceed `max_bytes`: from its
+/// `content-length`, or when the chunks read so far pass it.
+async fn read_capped(
+    mut resp: reqwest::Response,
+    max_bytes: usize,
+) -> Result<Vec<u8>, ScrapeError> {
+    if resp.content_length().is_some_and(|n| n > max_bytes as u64) {
+        return Err(ScrapeError::TooLarge(max_bytes));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ScrapeError::Transport(without_url(e)))?
+    {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(ScrapeError::TooLarge(max_bytes));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A reqwest error's message without the URL (it is logged next to the endpoint anyway).
@@ -91,6 +162,49 @@ pub(crate) fn without_url(e: reqwest::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A body over the cap fails the scrape whether its length is declared or streamed.
+    #[tokio::test]
+    async fn bodies_over_the_cap_are_not_read() {
+        use axum::body::Body;
+        let names = MetricNames::of(EngineKind::Vllm).unwrap();
+        let exposition = "vllm:num_requests_waiting 2\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.3\n";
+        let padded = format!("{exposition}{}", "# padding\n".repeat(10_000));
+        let padded2 = padded.clone();
+        let app = axum::Router::new()
+            .route("/small", get(move || async move { exposition }))
+            .route("/declared", get(move || async move { padded }))
+            .route(
+                "/streamed",
+                get(move || async move {
+                    let chunks = padded2
+                        .into_bytes()
+                        .chunks(1000)
+                        .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c)))
+                        .collect::<Vec<_>>();
+                    Body::from_stream(futures::stream::iter(chunks))
+                }),
+            );
+        let addr = serve(app).await;
+        let c = client();
+        let t = Duration::from_secs(5);
+        let ok = scrape_capped(&c, addr, "/small", &names, t, 1000)
+            .await
+            .unwrap();
+        assert_eq!(ok.waiting_requests, 2);
+        for path in ["/declared", "/streamed"] {
+            let e = scrape_capped(&c, addr, path, &names, t, 65_536)
+                .await
+                .unwrap_err();
+            assert_eq!(e, ScrapeError::TooLarge(65_536), "{path}");
+            assert_eq!((e.kind(), e.endpoint_down()), ("too-large", false));
+        }
+        // Under the cap, the same body parses.
+        let s = scrape_capped(&c, addr, "/streamed", &names, t, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(s.running_requests, 1);
+    }
+
     use super::*;
     use crate::config::EngineKind;
     use axum::routing::get;
@@ -144,6 +258,22 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!((e.kind(), e.endpoint_down()), ("timeout", true));
+
+        // Redirects are refused, whether the client follows them (the default) or not.
+        let app = axum::Router::new()
+            .route(
+                "/moved",
+                get(|| async { axum::response::Redirect::temporary("/metrics") }),
+            )
+            .route(
+                "/metrics",
+                get(|| async { "vllm:num_requests_waiting 2\n" }),
+            );
+        let moved = serve(app).await;
+        for c in [super::client(), reqwest::Client::new()] {
+            let e = scrape(&c, moved, "/moved", &names, t).await.unwrap_err();
+            assert_eq!((e.kind(), e.endpoint_down()), ("redirect", false));
+        }
 
         // Nothing listens on a port we just released.
         let closed = {

@@ -15,15 +15,25 @@
 //! - `bytes`: the byte-estimate fallback (no tokenizer): `ceil(bytes / 4)` tokens and hashes over
 //!   chunks of `4 * block_size` bytes.
 //!
+//! - `media`: where each media message's content starts in the rendered prompt.
+//!
 //! Multimodal content: each media part's content hash joins the extra keys of the block in
-//! which its message starts (located by tokenizing the conversation before that message), so
-//! the blocks before it stay shared and every block from there on depends on the media. The
-//! engine expands media into placeholder tokens we cannot reproduce, so media prompts match only
-//! our own predictions, never the engine's KV events.
+//! which its message's content starts (located in one extra render, see `media`), so the blocks
+//! before it stay shared and every block from there on depends on the media. The engine expands
+//! media into placeholder tokens we cannot reproduce, so media prompts match only our own
+//! predictions, never the engine's KV events.
+//!
+//! **Bounded work per request** (issue 12). The body's shape is limited while parsing
+//! (`crate::request::RequestLimits`); here, every template render is bounded by fuel and an
+//! output size ([`template::RenderLimits`], per model), tokenizing by `max_prefix_tokens`, and
+//! the whole by an optional deadline ([`TokenizerRegistry::identify_until`]). Running out of any
+//! of them is never an error: the request gets a cheaper identity (the byte estimate, or the
+//! exact prefix tokenized so far) and [`PrefixIdentity::source`] says which.
 
 mod bytes;
 mod cache;
 pub mod hash;
+mod media;
 pub mod registry;
 pub mod template;
 pub mod tenant;
@@ -57,9 +67,12 @@ pub struct PrefixIdentity {
     /// True when tokens and hashes come from the model's tokenizer (or the request's token ids);
     /// false for the byte estimate, whose hashes are over byte chunks.
     pub exact: bool,
-    /// True when the prompt was longer than `max_prefix_tokens` allows tokenizing: `tokens`
-    /// includes an estimate of the rest.
+    /// True when the prompt was longer than `max_prefix_tokens` allows tokenizing (or the
+    /// deadline stopped tokenizing): `tokens` includes an estimate of the rest.
     pub truncated: bool,
+    /// True when the deadline stopped tokenizing early: the hashes cover the prefix tokenized
+    /// so far (a prefix of the full identity's hashes).
+    pub deadline_cut: bool,
     /// Why the byte estimate was used, when it was.
     pub fallback: Option<Fallback>,
 }
@@ -68,6 +81,19 @@ impl PrefixIdentity {
     /// Tokens covered by the block hashes (`blocks * block_size_tokens`).
     pub fn hashed_tokens(&self) -> u64 {
         self.block_hashes.len() as u64 * u64::from(self.block_size_tokens)
+    }
+
+    /// Which identity this is, for decision records and metrics: `tokens` (the whole prompt
+    /// tokenized, or request token ids), `tokens-capped` (the first `max_prefix_tokens`
+    /// tokenized, the rest estimated), `tokens-partial` (the deadline stopped tokenizing: the
+    /// prefix so far) or `bytes` (the byte estimate; [`Self::fallback`] says why).
+    pub fn source(&self) -> &'static str {
+        match (self.fallback, self.deadline_cut, self.truncated) {
+            (Some(_), _, _) => "bytes",
+            (None, true, _) => "tokens-partial",
+            (None, false, true) => "tokens-capped",
+            (None, false, false) => "tokens",
+        }
     }
 }
 
@@ -82,6 +108,15 @@ pub enum Fallback {
     TemplateError,
     /// The tokenizer failed on the text.
     TokenizerError,
+    /// Rendering the chat ran out of the model's `template_fuel` or went over its
+    /// `max_rendered_prompt_bytes` (a valid but huge or pathological conversation).
+    WorkBudget,
+    /// The request's deadline had passed before its prompt was rendered (e.g. it waited long
+    /// for a tokenizing slot), or before the extra render that places its media.
+    Deadline,
+    /// Media parts whose position in the rendered prompt could not be found (the template
+    /// treats the content specially); the byte chunks keep them in place.
+    MediaLayout,
 }
 
 impl Fallback {
@@ -92,6 +127,9 @@ impl Fallback {
             Fallback::NoChatTemplate => "no-chat-template",
             Fallback::TemplateError => "template-error",
             Fallback::TokenizerError => "tokenizer-error",
+            Fallback::WorkBudget => "work-budget",
+            Fallback::Deadline => "deadline",
+            Fallback::MediaLayout => "media-layout",
         }
     }
 }
@@ -102,12 +140,17 @@ impl From<PrefixError> for Fallback {
             PrefixError::NoChatTemplate => Fallback::NoChatTemplate,
             PrefixError::Template(_) => Fallback::TemplateError,
             PrefixError::Tokenize(_) | PrefixError::Load { .. } => Fallback::TokenizerError,
+            PrefixError::Budget(_) => Fallback::WorkBudget,
+            PrefixError::Deadline => Fallback::Deadline,
+            PrefixError::MediaLayout => Fallback::MediaLayout,
         }
     }
 }
 
 /// Errors of this module. Messages carry paths, counts and template/tokenizer diagnostics, never
-/// prompt text.
+/// prompt text (a template's own `raise_exception` message may quote what the template put in
+/// it, e.g. a role: these messages are not shown to clients; requests see only the
+/// [`Fallback`] label).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrefixError {
     /// A tokenizer file could not be loaded (`field` is the config path, e.g.
@@ -130,7 +173,18 @@ pub enum PrefixError {
     /// The tokenizer failed.
     #[error("tokenizer error: {0}")]
     Tokenize(String),
+    /// A render limit ran out: `template fuel` or `rendered prompt size`.
+    #[error("the chat template ran out of its {0} limit")]
+    Budget(&'static str),
+    /// The deadline passed before the work started.
+    #[error("the prefix identity deadline passed")]
+    Deadline,
+    /// The media positions in the rendered prompt could not be found.
+    #[error("the media positions in the rendered prompt could not be found")]
+    MediaLayout,
 }
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::bytes::byte_block_hashes;
 use super::hash::{BlockHasher, Namespace};
+use super::template::RenderLimits;
 use super::tokenizer::{ModelTokenizer, PromptTokens, TokenizerFiles};
 use super::{estimate_tokens, Fallback, PrefixError, PrefixIdentity};
 use crate::config::ModelConfig;
@@ -104,6 +106,20 @@ impl TokenizerRegistry {
     /// byte estimate is used and `fallback` says why. Batch prompts (`prompt: [..]`) hash their
     /// first element and count all (later elements by estimate, token lists exactly).
     pub fn identify(&self, request: &ParsedRequest<'_>, ns: &Namespace) -> PrefixIdentity {
+        self.identify_until(request, ns, None)
+    }
+
+    /// [`Self::identify`] within a deadline: if it has passed before the prompt is rendered,
+    /// the byte estimate (`fallback` = [`Fallback::Deadline`]); if it passes while tokenizing,
+    /// the exact prefix tokenized so far (`deadline_cut`). Either way the call returns at about
+    /// the deadline plus one segment's tokenizing, never an error. The result's
+    /// [`PrefixIdentity::source`] says which identity it is.
+    pub fn identify_until(
+        &self,
+        request: &ParsedRequest<'_>,
+        ns: &Namespace,
+        deadline: Option<Instant>,
+    ) -> PrefixIdentity {
         let hasher = self.hasher(ns);
         let bs = hasher.block_size_tokens();
         let max_blocks = (self.max_prefix_tokens(ns.model()) / bs) as usize;
@@ -115,6 +131,7 @@ impl TokenizerRegistry {
             block_size_tokens: bs,
             exact: true,
             truncated,
+            deadline_cut: false,
             fallback: None,
         };
         let tokenized = match (&request.prompt, tokenizer) {
@@ -128,14 +145,16 @@ impl TokenizerRegistry {
                 return exact(first, total, false);
             }
             (_, None) => Err(Fallback::NoTokenizer),
-            (Prompt::Chat(messages), Some(t)) => t.tokenize_chat(messages).map_err(Fallback::from),
-            (Prompt::Input(PromptInput::Text(text)), Some(t)) => {
-                t.tokenize_text(text).map_err(Fallback::from)
-            }
+            (Prompt::Chat(messages), Some(t)) => t
+                .tokenize_chat_until(messages, deadline)
+                .map_err(Fallback::from),
+            (Prompt::Input(PromptInput::Text(text)), Some(t)) => t
+                .tokenize_text_until(text, deadline)
+                .map_err(Fallback::from),
             (Prompt::Input(PromptInput::Texts(texts)), Some(t)) => {
                 let first = texts.first().map_or("", |t| t.as_ref());
                 let rest: usize = texts.iter().skip(1).map(|t| t.len()).sum();
-                t.tokenize_text(first)
+                t.tokenize_text_until(first, deadline)
                     .map(|mut p| {
                         p.total_tokens += estimate_tokens(rest);
                         p
@@ -155,6 +174,7 @@ impl TokenizerRegistry {
                 block_size_tokens: bs,
                 exact: false,
                 truncated: false,
+                deadline_cut: false,
                 fallback: Some(reason),
             },
         }
@@ -189,6 +209,7 @@ fn identity_from_tokens(
         block_size_tokens: bs,
         exact: true,
         truncated: p.truncated,
+        deadline_cut: p.deadline_cut,
         fallback: None,
     }
 }
@@ -234,10 +255,15 @@ fn load_model(config: &ModelConfig, base_dir: &Path, at: &str) -> Result<ModelEn
         tokenizer_config: tok_config.as_deref(),
         chat_template: template.as_deref(),
     };
-    let tokenizer = ModelTokenizer::load(
+    let tokenizer = ModelTokenizer::load_with_limits(
         &files,
         config.max_prefix_tokens as usize,
         usize::try_from(config.token_cache_tokens).unwrap_or(usize::MAX),
+        RenderLimits {
+            fuel: Some(config.template_fuel),
+            max_output_bytes: usize::try_from(config.max_rendered_prompt_bytes)
+                .unwrap_or(usize::MAX),
+        },
         at,
     )?;
     Ok(ModelEntry {

@@ -11,7 +11,15 @@
 //! Message content is passed as vLLM does: a string (text parts joined with `"\n"`) unless the
 //! template iterates over `message['content']`, in which case as OpenAI-style parts
 //! (`{"type": "text", "text": ...}`, `{"type": "image"}`).
+//!
+//! **Bounded work.** The template comes from config, but the messages from clients, and one
+//! template loop over a hostile conversation must not pin a core: every render runs with
+//! minijinja's fuel ([`RenderLimits::fuel`], one unit per instruction and per ~64 bytes of data)
+//! and its output is capped ([`RenderLimits::max_output_bytes`]); either limit fails the render
+//! with [`ErrorKind::OutOfFuel`] / [`ErrorKind::WriteFailure`], which the caller turns into the
+//! cheaper byte identity.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use minijinja::value::Value;
@@ -21,10 +29,34 @@ use serde::Serialize;
 use super::PrefixError;
 use crate::request::{ChatMessage, ContentPart};
 
+/// How much work one render may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// minijinja fuel per render (`models[].template_fuel`); `None` is unlimited.
+    pub fuel: Option<u64>,
+    /// Most bytes of rendered text (`models[].max_rendered_prompt_bytes`).
+    pub max_output_bytes: usize,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        RenderLimits {
+            fuel: Some(DEFAULT_TEMPLATE_FUEL),
+            max_output_bytes: DEFAULT_MAX_RENDERED_PROMPT_BYTES,
+        }
+    }
+}
+
+/// Default of `models[].template_fuel`.
+pub const DEFAULT_TEMPLATE_FUEL: u64 = 10_000_000;
+/// Default of `models[].max_rendered_prompt_bytes`: 64 MiB.
+pub const DEFAULT_MAX_RENDERED_PROMPT_BYTES: usize = 64 << 20;
+
 /// A model's chat template, compiled.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    max_output_bytes: usize,
     content_as_parts: bool,
     bos_token: String,
     eos_token: String,
@@ -96,13 +128,16 @@ impl TokenizerConfigFile {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` with the special tokens of `config`.
+    /// Compiles `source` with the special tokens of `config`; every render is bounded by
+    /// `limits`.
     pub(crate) fn new(
         source: String,
         config: &TokenizerConfigFile,
+        limits: RenderLimits,
     ) -> Result<ChatTemplate, minijinja::Error> {
         let content_as_parts = iterates_over_content(&source);
         let mut env = Environment::new();
+        env.set_fuel(limits.fuel);
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)
@@ -117,6 +152,7 @@ impl ChatTemplate {
         let or_empty = |t: &Option<String>| t.clone().unwrap_or_default();
         Ok(ChatTemplate {
             env,
+            max_output_bytes: limits.max_output_bytes,
             content_as_parts,
             bos_token: or_empty(&config.bos_token),
             eos_token: or_empty(&config.eos_token),
@@ -137,26 +173,107 @@ impl ChatTemplate {
         messages: &[ChatMessage<'_>],
         add_generation_prompt: bool,
     ) -> Result<String, minijinja::Error> {
+        self.render_marked(messages, add_generation_prompt, &|_| None)
+    }
+
+    /// Renders `messages` with `marker(i)`, when given, inserted at the start of message `i`'s
+    /// content (after its leading whitespace, which templates often trim): in the joined string,
+    /// or in its first text part (a part of its own when there is none). See `super::media`.
+    pub(crate) fn render_marked(
+        &self,
+        messages: &[ChatMessage<'_>],
+        add_generation_prompt: bool,
+        marker: &dyn Fn(usize) -> Option<String>,
+    ) -> Result<String, minijinja::Error> {
         let messages: Vec<RenderMessage<'_>> = messages
             .iter()
-            .map(|m| RenderMessage {
+            .enumerate()
+            .map(|(i, m)| RenderMessage {
                 role: m.role.as_ref(),
-                content: if self.content_as_parts {
-                    RenderContent::Parts(m.content.iter().map(RenderPart::from).collect())
-                } else {
-                    RenderContent::Text(join_text(&m.content))
-                },
+                content: self.content(&m.content, marker(i)),
             })
             .collect();
         let template = self.env.get_template(TEMPLATE_NAME)?;
-        template.render(minijinja::context! {
-            messages => Value::from(minijinja::value::Serde(&messages)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            unk_token => &self.unk_token,
-            pad_token => &self.pad_token,
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            max_bytes: self.max_output_bytes,
+        };
+        template.render_captured_to(
+            minijinja::context! {
+                messages => Value::from(minijinja::value::Serde(&messages)),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+                unk_token => &self.unk_token,
+                pad_token => &self.pad_token,
+            },
+            &mut out,
+        )?;
+        String::from_utf8(out.buf).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "the template produced invalid UTF-8",
+            )
         })
+    }
+
+    fn content<'a>(
+        &self,
+        parts: &'a [ContentPart<'a>],
+        marker: Option<String>,
+    ) -> RenderContent<'a> {
+        if !self.content_as_parts {
+            let mut text = join_text(parts);
+            if let Some(m) = marker {
+                text.insert_str(leading_whitespace(&text), &m);
+            }
+            return RenderContent::Text(text);
+        }
+        let mut out: Vec<RenderPart<'a>> = parts.iter().map(RenderPart::from).collect();
+        if let Some(m) = marker {
+            match out.iter_mut().find_map(|p| match p {
+                RenderPart::Text { text } => Some(text),
+                _ => None,
+            }) {
+                Some(text) => {
+                    let mut marked = text.to_string();
+                    marked.insert_str(leading_whitespace(&marked), &m);
+                    *text = Cow::Owned(marked);
+                }
+                None => out.insert(
+                    0,
+                    RenderPart::Text {
+                        text: Cow::Owned(m),
+                    },
+                ),
+            }
+        }
+        RenderContent::Parts(out)
+    }
+}
+
+/// Bytes of leading whitespace (as Python's `str.strip` sees it) of `s`.
+fn leading_whitespace(s: &str) -> usize {
+    s.len() - s.trim_start().len()
+}
+
+/// The render's output, failing the render past `max_bytes`.
+struct CappedWriter {
+    buf: Vec<u8>,
+    max_bytes: usize,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > self.max_bytes {
+            return Err(std::io::Error::other("rendered prompt too large"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -231,7 +348,7 @@ enum RenderContent<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum RenderPart<'a> {
-    Text { text: &'a str },
+    Text { text: Cow<'a, str> },
     Image {},
     Audio {},
 }
@@ -239,7 +356,9 @@ enum RenderPart<'a> {
 impl<'a> From<&'a ContentPart<'a>> for RenderPart<'a> {
     fn from(part: &'a ContentPart<'a>) -> Self {
         match part {
-            ContentPart::Text(t) => RenderPart::Text { text: t },
+            ContentPart::Text(t) => RenderPart::Text {
+                text: Cow::Borrowed(t),
+            },
             ContentPart::Image(_) => RenderPart::Image {},
             ContentPart::Media(_) => RenderPart::Audio {},
         }
@@ -421,7 +540,7 @@ mod tests {
             r#"{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"}"#,
         )
         .unwrap();
-        ChatTemplate::new(source.to_string(), &config).unwrap()
+        ChatTemplate::new(source.to_string(), &config, RenderLimits::default()).unwrap()
     }
 
     #[test]
@@ -464,7 +583,7 @@ mod tests {
         let err = t.render(&[msg("user", "x")]).unwrap_err();
         assert!(err.to_string().contains("roles must alternate"), "{err}");
         let config = TokenizerConfigFile::default();
-        assert!(ChatTemplate::new("{% for %}".into(), &config).is_err());
+        assert!(ChatTemplate::new("{% for %}".into(), &config, RenderLimits::default()).is_err());
     }
 
     #[test]

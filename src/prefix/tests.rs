@@ -346,7 +346,7 @@ fn template_of(dir: &Path) -> template::ChatTemplate {
         Ok(s) => s,
         Err(_) => cfg.chat_template.clone().unwrap(),
     };
-    template::ChatTemplate::new(source, &cfg).unwrap()
+    template::ChatTemplate::new(source, &cfg, template::RenderLimits::default()).unwrap()
 }
 
 fn arb_text() -> impl Strategy<Value = String> {

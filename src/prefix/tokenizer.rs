@@ -14,15 +14,27 @@
 //! from the bytes-per-token ratio of what was, so a 16 MiB body costs bounded work. When the cut
 //! falls inside a segment, the last `CUT_MARGIN_TOKENS` ids before it are dropped (a cut word may
 //! tokenize differently from the whole).
+//!
+//! **Deadline.** A caller may give a deadline ([`ModelTokenizer::tokenize_chat_until`]): past it
+//! before rendering (or before the media layout's render), nothing more is done
+//! ([`PrefixError::Deadline`]: the caller uses the byte identity); past it between two segments, tokenizing stops there and the rest is estimated as
+//! for the cap, so the request keeps the exact prefix tokenized so far (a prefix of what it would
+//! have had: its leading block hashes still match) and [`PromptTokens::deadline_cut`] says so.
+//!
+//! **Media.** The token offset of each media message is found from one extra render (see
+//! `super::media`), and converted from a byte offset while tokenizing: linear in the
+//! conversation, however many images it has.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Tokenizer;
 
 use super::cache::{SegmentCache, SegmentKey};
-use super::template::{ChatTemplate, TokenizerConfigFile};
+use super::media::{self, MediaAt};
+use super::template::{ChatTemplate, RenderLimits, TokenizerConfigFile};
 use super::{estimate_tokens, PrefixError};
 use crate::request::{ChatMessage, ContentPart};
 
@@ -43,7 +55,10 @@ pub struct PromptTokens {
     pub total_tokens: u64,
     /// True when part of the prompt was estimated instead of tokenized.
     pub truncated: bool,
-    /// Media content hashes with the token offset of the message that carries them.
+    /// True when the deadline stopped tokenizing early (then `truncated` is true too).
+    pub deadline_cut: bool,
+    /// Media content hashes with the token offset where the content of the message that carries
+    /// them starts.
     pub media: Vec<(u64, u64)>,
 }
 
@@ -83,11 +98,29 @@ pub struct TokenizerFiles<'a> {
 }
 
 impl ModelTokenizer {
-    /// Loads a tokenizer. `field` is the config path named in errors (`models[0]`).
+    /// Loads a tokenizer with the default [`RenderLimits`]. `field` is the config path named in
+    /// errors (`models[0]`).
     pub fn load(
         files: &TokenizerFiles<'_>,
         max_prefix_tokens: usize,
         cache_tokens: usize,
+        field: &str,
+    ) -> Result<ModelTokenizer, PrefixError> {
+        Self::load_with_limits(
+            files,
+            max_prefix_tokens,
+            cache_tokens,
+            RenderLimits::default(),
+            field,
+        )
+    }
+
+    /// Loads a tokenizer whose chat-template renders are bounded by `render`.
+    pub fn load_with_limits(
+        files: &TokenizerFiles<'_>,
+        max_prefix_tokens: usize,
+        cache_tokens: usize,
+        render: RenderLimits,
         field: &str,
     ) -> Result<ModelTokenizer, PrefixError> {
         let json_path = files.tokenizer_json.ok_or_else(|| PrefixError::Load {
@@ -129,7 +162,7 @@ impl ModelTokenizer {
         };
         let template = source
             .map(|s| {
-                ChatTemplate::new(s, &config).map_err(|e| PrefixError::Load {
+                ChatTemplate::new(s, &config, render).map_err(|e| PrefixError::Load {
                     field: format!("{field}.chat_template"),
                     path: files
                         .chat_template
@@ -179,80 +212,149 @@ impl ModelTokenizer {
     /// Renders `messages` with the chat template (generation prompt on) and tokenizes the result
     /// without adding special tokens, as vLLM does for chat requests.
     pub fn tokenize_chat(&self, messages: &[ChatMessage<'_>]) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_chat_until(messages, None)
+    }
+
+    /// [`Self::tokenize_chat`] within a deadline (see the module doc). Errors: no template, the
+    /// template failed or ran out of its render limits ([`PrefixError::Budget`]), the deadline
+    /// had passed before rendering, or the media layout could not be found
+    /// ([`PrefixError::MediaLayout`]).
+    pub fn tokenize_chat_until(
+        &self,
+        messages: &[ChatMessage<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<PromptTokens, PrefixError> {
         let template = self.template.as_ref().ok_or(PrefixError::NoChatTemplate)?;
-        let text = template.render(messages).map_err(template_error)?;
-        let mut out = self.tokenize(&text, false, self.segments_verified)?;
-        // Media: the offset of the message carrying it is the token count of the conversation
-        // before it (rendered without a generation prompt).
-        for (i, m) in messages.iter().enumerate() {
-            let mut offset = None;
-            for part in &m.content {
-                if let ContentPart::Image(h) | ContentPart::Media(h) = part {
-                    let at = match offset {
-                        Some(at) => at,
-                        None => {
-                            let before = template
-                                .render_with(&messages[..i], false)
-                                .ok()
-                                .and_then(|t| self.tokenize(&t, false, self.segments_verified).ok())
-                                .map_or(0, |t| t.total_tokens);
-                            *offset.insert(before)
-                        }
-                    };
-                    out.media.push((at, *h));
-                }
-            }
+        if past(deadline) {
+            return Err(PrefixError::Deadline);
         }
-        Ok(out)
+        let text = template.render(messages).map_err(template_error)?;
+        let media = if messages.iter().any(ChatMessage::has_media) {
+            // The media layout costs a second render: not past the deadline.
+            if past(deadline) {
+                return Err(PrefixError::Deadline);
+            }
+            media::locate(template, messages, &text)
+                .map_err(template_error)?
+                .ok_or(PrefixError::MediaLayout)?
+        } else {
+            Vec::new()
+        };
+        self.tokenize_inner(&text, false, self.segments_verified, deadline, &media)
     }
 
     /// Tokenizes a completion prompt, adding special tokens (BOS...) as vLLM does by default.
     pub fn tokenize_text(&self, text: &str) -> Result<PromptTokens, PrefixError> {
-        self.tokenize(text, true, false)
+        self.tokenize_inner(text, true, false, None, &[])
+    }
+
+    /// [`Self::tokenize_text`] within a deadline: past it before tokenizing,
+    /// [`PrefixError::Deadline`] (the text is one piece, tokenized at once, at most
+    /// `max_prefix_tokens * MAX_BYTES_PER_TOKEN` bytes of it).
+    pub fn tokenize_text_until(
+        &self,
+        text: &str,
+        deadline: Option<Instant>,
+    ) -> Result<PromptTokens, PrefixError> {
+        if past(deadline) {
+            return Err(PrefixError::Deadline);
+        }
+        self.tokenize_text(text)
     }
 
     /// Tokenizes `text`, through the segment cache when `segmented` (only without special tokens:
-    /// a post-processor applies to the whole).
+    /// a post-processor applies to the whole). Only tests call it: the request path goes through
+    /// the budgeted entry points above.
+    #[cfg(test)]
     pub(crate) fn tokenize(
         &self,
         text: &str,
         add_special_tokens: bool,
         segmented: bool,
     ) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_inner(text, add_special_tokens, segmented, None, &[])
+    }
+
+    /// Tokenizes `text`; `media` (byte offsets into `text`, any order) come back as token
+    /// offsets. Media past the tokenized part are left out: their blocks are not hashed.
+    fn tokenize_inner(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        segmented: bool,
+        deadline: Option<Instant>,
+        media: &[MediaAt],
+    ) -> Result<PromptTokens, PrefixError> {
         let cap = self.max_prefix_tokens;
         let mut ids: Vec<u32> = Vec::new();
         let mut consumed = 0usize; // bytes of `text` tokenized
         let mut cut = false;
+        let mut deadline_cut = false;
+        let mut media_tokens: Vec<(u64, u64)> = Vec::with_capacity(media.len());
+        let mut pending: Vec<MediaAt> = media.to_vec();
+        pending.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
         if segmented && !add_special_tokens {
             for (start, end) in self.segments(text) {
                 if ids.len() >= cap {
+                    break;
+                }
+                if start > 0 && past(deadline) {
+                    // At a segment boundary: the ids so far are exact, no margin to drop.
+                    deadline_cut = true;
                     break;
                 }
                 let segment = &text[start..end];
                 let budget = (cap - ids.len()) * MAX_BYTES_PER_TOKEN;
                 if segment.len() > budget {
                     let piece = &segment[..floor_char_boundary(segment, budget)];
+                    self.media_in(
+                        &mut pending,
+                        start,
+                        start + piece.len(),
+                        piece,
+                        ids.len(),
+                        &mut media_tokens,
+                    )?;
                     ids.extend(self.encode(piece, false)?);
                     consumed += piece.len();
                     cut = true;
                     break;
                 }
+                self.media_in(
+                    &mut pending,
+                    start,
+                    end,
+                    segment,
+                    ids.len(),
+                    &mut media_tokens,
+                )?;
                 let key = SegmentKey::new(u8::from(start == 0), segment);
-                let seg_ids = match self.cache.get(&key) {
-                    Some(hit) => hit,
-                    None => {
-                        let fresh: Arc<[u32]> = self.encode(segment, false)?.into();
-                        self.cache.insert(key, Arc::clone(&fresh));
-                        fresh
-                    }
-                };
-                ids.extend_from_slice(&seg_ids);
+                ids.extend_from_slice(&self.cached_encode(key, segment)?);
                 consumed = end;
             }
         } else {
             let budget = cap * MAX_BYTES_PER_TOKEN;
             let piece = &text[..floor_char_boundary(text, budget)];
-            ids = self.encode(piece, add_special_tokens)?;
+            if pending.is_empty() {
+                ids = self.encode(piece, add_special_tokens)?;
+            } else {
+                // One pass with byte offsets maps every media position to a token index: the
+                // tokens that end at or before it.
+                let encoding = self
+                    .tokenizer
+                    .encode(piece, add_special_tokens)
+                    .map_err(|e| PrefixError::Tokenize(e.to_string()))?;
+                let offsets = encoding.get_offsets();
+                while let Some(&(at, h)) = pending.last() {
+                    if at >= piece.len() {
+                        break;
+                    }
+                    pending.pop();
+                    let index = offsets.partition_point(|&(_, end)| end <= at);
+                    media_tokens.push((index as u64, h));
+                }
+                ids = encoding.get_ids().to_vec();
+            }
             consumed = piece.len();
             cut = piece.len() < text.len();
         }
@@ -272,7 +374,63 @@ impl ModelTokenizer {
             ids,
             total_tokens: tokenized + estimated,
             truncated: remainder > 0,
-            media: Vec::new(),
+            deadline_cut: deadline_cut && remainder > 0,
+            media: media_tokens,
+        })
+    }
+
+    /// Tokenizes an already rendered chat (tests).
+    #[cfg(test)]
+    pub(crate) fn tokenize_inner_for_test(
+        &self,
+        text: &str,
+        segmented: bool,
+        deadline: Option<Instant>,
+        media: &[MediaAt],
+    ) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_inner(text, false, segmented, deadline, media)
+    }
+
+    /// Moves the media of `pending` (sorted by descending offset) that fall in the segment
+    /// `[start, end)` to `out` as token offsets: the tokens before the segment plus those of the
+    /// segment's text up to the media's position (usually just the message header, cached).
+    fn media_in(
+        &self,
+        pending: &mut Vec<MediaAt>,
+        start: usize,
+        end: usize,
+        segment: &str,
+        tokens_before: usize,
+        out: &mut Vec<(u64, u64)>,
+    ) -> Result<(), PrefixError> {
+        while let Some(&(at, h)) = pending.last() {
+            if at >= end {
+                break;
+            }
+            pending.pop();
+            let within = at.saturating_sub(start);
+            let head = &segment[..floor_char_boundary(segment, within)];
+            let head_tokens = if head.is_empty() {
+                0
+            } else {
+                // Context 2: a segment's head, never confused with a whole segment.
+                let key = SegmentKey::new(2 + u8::from(start == 0), head);
+                self.cached_encode(key, head)?.len()
+            };
+            out.push(((tokens_before + head_tokens) as u64, h));
+        }
+        Ok(())
+    }
+
+    /// The ids of `segment`, from the cache or freshly encoded (and cached).
+    fn cached_encode(&self, key: SegmentKey, segment: &str) -> Result<Arc<[u32]>, PrefixError> {
+        Ok(match self.cache.get(&key) {
+            Some(hit) => hit,
+            None => {
+                let fresh: Arc<[u32]> = self.encode(segment, false)?.into();
+                self.cache.insert(key, Arc::clone(&fresh));
+                fresh
+            }
         })
     }
 
@@ -319,8 +477,18 @@ impl ModelTokenizer {
 }
 
 fn template_error(e: minijinja::Error) -> PrefixError {
-    // The template's own message (e.g. from raise_exception) quotes template text, not content.
-    PrefixError::Template(e.to_string())
+    match e.kind() {
+        minijinja::ErrorKind::OutOfFuel => PrefixError::Budget("template fuel"),
+        // Only the capped output writer fails a write.
+        minijinja::ErrorKind::WriteFailure => PrefixError::Budget("rendered prompt size"),
+        // The template's own message (e.g. from raise_exception) quotes template text, not
+        // content.
+        _ => PrefixError::Template(e.to_string()),
+    }
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// An automaton over the tokenizer's unnormalized added tokens, leftmost-longest like its own

@@ -1,76 +1,20 @@
-//! Typed, borrowing deserialization of the request body, with hand-written visitors for the
-//! OpenAI union types so a wrong shape gets a precise message instead of "no variant matched".
+//! The prompt-carrying parts of a body: completion prompts, chat messages and their content
+//! parts, with hand-written visitors for the OpenAI union types (a wrong shape gets a precise
+//! message instead of "no variant matched") and the message / content-part limits counted as
+//! they are read.
+//!
+//! Every error names the expected shape and the JSON type it got, never a value: see
+//! [`super::leaf`].
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::RequestError;
-
-/// The request fields we read; everything else is skipped.
-#[derive(Debug, Deserialize)]
-pub(super) struct RawRequest<'a> {
-    #[serde(borrow, default)]
-    pub model: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub max_tokens: Option<u64>,
-    #[serde(default)]
-    pub max_completion_tokens: Option<u64>,
-    #[serde(borrow, default)]
-    pub cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub messages: Option<Vec<ChatMessage<'a>>>,
-    #[serde(borrow, default)]
-    pub prompt: Option<PromptInput<'a>>,
-    #[serde(borrow, default)]
-    pub input: Option<PromptInput<'a>>,
-}
-
-impl<'a> RawRequest<'a> {
-    pub(super) fn from_slice(body: &'a [u8]) -> Result<Self, RequestError> {
-        // serde would accept a JSON array as a struct in sequence form; requests are objects.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return match serde_json::from_slice::<IgnoredAny>(body) {
-                Ok(_) => Err(RequestError::NotObject),
-                Err(e) => Err(RequestError::Json(e.to_string())),
-            };
-        }
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let raw: RawRequest<'a> = match serde_path_to_error::deserialize(&mut de) {
-            Ok(raw) => raw,
-            Err(err) => return Err(classify(err)),
-        };
-        // Trailing garbage after the object is malformed JSON too.
-        de.end().map_err(|e| RequestError::Json(e.to_string()))?;
-        Ok(raw)
-    }
-}
-
-fn classify(err: serde_path_to_error::Error<serde_json::Error>) -> RequestError {
-    let path = err.path().to_string();
-    let inner = err.into_inner();
-    match inner.classify() {
-        serde_json::error::Category::Data if path == "." => RequestError::NotObject,
-        serde_json::error::Category::Data => RequestError::Invalid {
-            field: path,
-            message: strip_location(&inner.to_string()),
-        },
-        _ => RequestError::Json(inner.to_string()),
-    }
-}
-
-/// serde_json appends " at line L column C" to data errors; the field path says more.
-fn strip_location(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(i) => message[..i].to_string(),
-        None => message.to_string(),
-    }
-}
+use super::leaf::{reject, Text, TokenId, TokenIds};
+use super::limits::Budget;
 
 /// A completions `prompt` / embeddings `input`: text, a batch of texts, token ids, or a batch of
 /// token-id lists.
@@ -144,6 +88,8 @@ impl<'de> Visitor<'de> for PromptVisitor {
         }
         out.ok_or_else(|| de::Error::custom("must not be an empty array"))
     }
+
+    reject!(bool, num, null, map, bytes);
 }
 
 enum PromptElement<'a> {
@@ -167,33 +113,33 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptElement<'a> {
                 Ok(PromptElement::Text(Cow::Owned(v.to_owned())))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                u32::try_from(v)
-                    .map(PromptElement::Token)
-                    .map_err(|_| E::custom(format!("token id {v} is out of range")))
+                TokenId::deserialize(de::value::U64Deserializer::<E>::new(v))
+                    .map(|t| PromptElement::Token(t.0))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Err(E::custom(format!("token id {v} is out of range")))
+                TokenId::deserialize(de::value::I64Deserializer::<E>::new(v))
+                    .map(|t| PromptElement::Token(t.0))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(id) = seq.next_element::<u32>()? {
-                    ids.push(id);
-                }
-                Ok(PromptElement::Tokens(ids))
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                TokenId::deserialize(de::value::F64Deserializer::<E>::new(v))
+                    .map(|t| PromptElement::Token(t.0))
             }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                TokenIds::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(|t| PromptElement::Tokens(t.0))
+            }
+            reject!(bool, null, map, bytes);
         }
         de.deserialize_any(V)
     }
 }
 
 /// One chat message, reduced to what the prompt is made of.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChatMessage<'a> {
     /// `system`, `user`, `assistant`, `tool`, `developer`...
-    #[serde(borrow)]
     pub role: Cow<'a, str>,
     /// The content, as parts (a plain string is one text part; null is no parts).
-    #[serde(borrow, default, deserialize_with = "content")]
     pub content: Vec<ContentPart<'a>>,
 }
 
@@ -210,6 +156,13 @@ impl ChatMessage<'_> {
                 })
                 .sum::<usize>()
     }
+
+    /// True when the message carries an image or other media part.
+    pub fn has_media(&self) -> bool {
+        self.content
+            .iter()
+            .any(|p| matches!(p, ContentPart::Image(_) | ContentPart::Media(_)))
+    }
 }
 
 /// One part of a message's content. Media are kept only as content hashes: they matter for
@@ -224,71 +177,199 @@ pub enum ContentPart<'a> {
     Media(u64),
 }
 
-fn content<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<ContentPart<'de>>, D::Error> {
-    struct V;
-    impl<'de> Visitor<'de> for V {
-        type Value = Vec<ContentPart<'de>>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a string, an array of content parts, or null")
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(Vec::new())
-        }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(Vec::new())
-        }
-        fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-            Ok(vec![ContentPart::Text(Cow::Borrowed(v))])
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(vec![ContentPart::Text(Cow::Owned(v.to_owned()))])
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut parts = Vec::new();
-            while let Some(part) = seq.next_element::<RawPart<'de>>()? {
-                parts.push(part.into_part().map_err(de::Error::custom)?);
+/// Chat `messages`: at most `max_messages` of them (one element past the limit is skipped, not
+/// parsed, before the parse is aborted).
+pub(super) struct MessagesSeed<'b>(pub &'b Budget);
+
+impl<'de, 'b> DeserializeSeed<'de> for MessagesSeed<'b> {
+    type Value = Vec<ChatMessage<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, 'b> Visitor<'de> for MessagesSeed<'b> {
+    type Value = Vec<ChatMessage<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of messages")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let max = self.0.max_messages();
+        let mut out = Vec::new();
+        loop {
+            if out.len() == max {
+                if seq.next_element::<IgnoredAny>()?.is_some() {
+                    return Err(self.0.exceeded("messages", max));
+                }
+                return Ok(out);
             }
-            Ok(parts)
+            match seq.next_element_seed(MessageSeed(self.0))? {
+                Some(m) => out.push(m),
+                None => return Ok(out),
+            }
         }
     }
-    de.deserialize_any(V)
+    reject!(bool, num, str, null, map, bytes);
+}
+
+struct MessageSeed<'b>(&'b Budget);
+
+impl<'de, 'b> DeserializeSeed<'de> for MessageSeed<'b> {
+    type Value = ChatMessage<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
+    type Value = ChatMessage<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a message object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut role: Option<Cow<'de, str>> = None;
+        let mut content: Option<Vec<ContentPart<'de>>> = None;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.0.as_ref() {
+                "role" if role.is_some() => return Err(de::Error::duplicate_field("role")),
+                "role" => role = Some(map.next_value::<Text<'de>>()?.0),
+                "content" if content.is_some() => {
+                    return Err(de::Error::duplicate_field("content"))
+                }
+                "content" => content = Some(map.next_value_seed(ContentSeed(self.0))?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(ChatMessage {
+            role: role.ok_or_else(|| de::Error::missing_field("role"))?,
+            content: content.unwrap_or_default(),
+        })
+    }
+    reject!(bool, num, str, null, seq, bytes);
+}
+
+/// A message's `content`: a string (one text part), an array of content parts, or null.
+struct ContentSeed<'b>(&'b Budget);
+
+impl<'de, 'b> DeserializeSeed<'de> for ContentSeed<'b> {
+    type Value = Vec<ContentPart<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, 'b> Visitor<'de> for ContentSeed<'b> {
+    type Value = Vec<ContentPart<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string, an array of content parts, or null")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        self.0.take_part()?;
+        Ok(vec![ContentPart::Text(Cow::Borrowed(v))])
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        self.0.take_part()?;
+        Ok(vec![ContentPart::Text(Cow::Owned(v.to_owned()))])
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut parts = Vec::new();
+        while let Some(Part(part)) = seq.next_element::<Part<'de>>()? {
+            self.0.take_part::<A::Error>()?;
+            parts.push(part);
+        }
+        Ok(parts)
+    }
+    reject!(bool, num, map, bytes);
 }
 
 /// A content part object: `{"type": "text", "text": ...}`, `{"type": "image_url", "image_url":
 /// {"url": ...}}`, `{"type": "input_audio", "input_audio": {"data": ...}}` and the like.
-#[derive(Deserialize)]
+#[derive(Default)]
 struct RawPart<'a> {
-    #[serde(rename = "type", borrow)]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
-    #[serde(default)]
     image_url: Option<MediaRef>,
-    #[serde(default)]
     input_audio: Option<MediaRef>,
-    #[serde(default)]
     video_url: Option<MediaRef>,
-    #[serde(default)]
     file: Option<MediaRef>,
 }
 
+/// One element of a `content` array, checked inside the element (so errors name its index).
+struct Part<'a>(ContentPart<'a>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Part<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a content part object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut part = RawPart::default();
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    // A repeated key keeps its last value, as JSON parsers commonly do.
+                    match key.0.as_ref() {
+                        "type" => part.kind = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0),
+                        "text" => part.text = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0),
+                        "image_url" => part.image_url = map.next_value()?,
+                        "input_audio" => part.input_audio = map.next_value()?,
+                        "video_url" => part.video_url = map.next_value()?,
+                        "file" => part.file = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                part.into_part().map(Part).map_err(de::Error::custom)
+            }
+            reject!(bool, num, str, null, seq, bytes);
+        }
+        de.deserialize_any(V)
+    }
+}
+
 impl<'a> RawPart<'a> {
-    fn into_part(self) -> Result<ContentPart<'a>, String> {
+    /// The part, or what is wrong with it (naming field names and types only).
+    fn into_part(self) -> Result<ContentPart<'a>, &'static str> {
         let kind = self.kind.ok_or("content part is missing `type`")?;
-        let media = |m: Option<MediaRef>, name: &str| {
-            m.map(|m| m.0)
-                .ok_or_else(|| format!("content part of type {name:?} is missing `{name}`"))
-        };
         Ok(match kind.as_ref() {
             "text" | "input_text" => ContentPart::Text(
                 self.text
-                    .ok_or("content part of type \"text\" is missing `text`")?,
+                    .ok_or("content part of type text is missing `text`")?,
             ),
-            "image_url" => ContentPart::Image(media(self.image_url, "image_url")?),
-            "input_audio" => ContentPart::Media(media(self.input_audio, "input_audio")?),
-            "video_url" => ContentPart::Media(media(self.video_url, "video_url")?),
-            "file" => ContentPart::Media(media(self.file, "file")?),
-            other => return Err(format!("unsupported content part type {other:?}")),
+            "image_url" => ContentPart::Image(
+                self.image_url
+                    .ok_or("content part of type image_url is missing `image_url`")?
+                    .0,
+            ),
+            "input_audio" => ContentPart::Media(
+                self.input_audio
+                    .ok_or("content part of type input_audio is missing `input_audio`")?
+                    .0,
+            ),
+            "video_url" => ContentPart::Media(
+                self.video_url
+                    .ok_or("content part of type video_url is missing `video_url`")?
+                    .0,
+            ),
+            "file" => ContentPart::Media(
+                self.file
+                    .ok_or("content part of type file is missing `file`")?
+                    .0,
+            ),
+            // The unknown type is not echoed: it is client text.
+            _ => return Err(
+                "unsupported content part type (expected text, input_text, image_url, input_audio, video_url or file)",
+            ),
         })
     }
 }
@@ -311,11 +392,11 @@ impl<'de> Deserialize<'de> for MediaRef {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut hash = None;
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match key.as_ref() {
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    match key.0.as_ref() {
                         "url" | "data" | "file_data" | "file_id" => {
-                            let v = map.next_value::<Cow<'de, str>>()?;
-                            hash.get_or_insert(xxh3_64(v.as_bytes()));
+                            let v = map.next_value::<Text<'de>>()?;
+                            hash.get_or_insert(xxh3_64(v.0.as_bytes()));
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -325,6 +406,7 @@ impl<'de> Deserialize<'de> for MediaRef {
                 hash.map(MediaRef)
                     .ok_or_else(|| de::Error::custom("media reference has no `url` or `data`"))
             }
+            reject!(bool, num, null, seq, bytes);
         }
         de.deserialize_any(V)
     }

@@ -3,13 +3,26 @@
 //!
 //! Parsing borrows strings from the body buffer where JSON escapes allow, so a multi-megabyte
 //! prompt is not copied. Unknown fields are skipped (clients send many we do not route on).
-//! Nothing here logs: the prompt never leaves the returned value.
+//! Nothing here logs: the prompt never leaves the returned value, and no error carries input
+//! text (field names, JSON type names and limits only; see `errors`).
+//!
+//! - `raw`: the top-level object, one pass, only the fields routing reads.
+//! - `body`: prompts, chat messages and content parts.
+//! - `leaf`: strings, flags, counts and token ids, whose type errors name no value.
+//! - `limits`: [`RequestLimits`] (messages, content parts), enforced while parsing.
+//! - `errors`: serde errors to [`RequestError`], and [`model_for_display`].
 
 mod body;
+mod errors;
+mod leaf;
+mod limits;
+mod raw;
 
 use std::borrow::Cow;
 
 pub use body::{ChatMessage, ContentPart, PromptInput};
+pub use errors::{model_for_display, MAX_SHOWN_MODEL_BYTES};
+pub use limits::{RequestLimits, DEFAULT_MAX_CONTENT_PARTS, DEFAULT_MAX_MESSAGES};
 
 /// Which OpenAI API a request path names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +101,12 @@ pub struct ParsedRequest<'a> {
     pub prompt: Prompt<'a>,
 }
 
-/// Why a body was rejected. Shown to the client in a 400 error.
+/// Why a body was rejected. Shown to the client in a 400 (or, for [`RequestError::TooLarge`],
+/// 413) error, so no variant carries input text: field paths, JSON type names, line/column
+/// numbers and limits only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    /// Not parseable as JSON.
+    /// Not parseable as JSON (serde_json's syntax message: a fixed text with a line and column).
     #[error("request body is not valid JSON: {0}")]
     Json(String),
     /// JSON, but not an object.
@@ -105,8 +120,16 @@ pub enum RequestError {
     Invalid {
         /// Path of the field, e.g. `messages[1].content`.
         field: String,
-        /// What is wrong with it.
+        /// What is wrong with it: the expected shape and the JSON type given, never the value.
         message: String,
+    },
+    /// Over one of the [`RequestLimits`] (e.g. more messages than `routing.max_messages`).
+    #[error("request has more than {limit} {field}, the router's limit")]
+    TooLarge {
+        /// What was counted: `messages` or `content parts`.
+        field: &'static str,
+        /// The limit.
+        limit: usize,
     },
 }
 
@@ -116,17 +139,39 @@ impl RequestError {
         match self {
             RequestError::Missing(field) => Some(field),
             RequestError::Invalid { field, .. } => Some(field),
+            RequestError::TooLarge { field, .. } => Some(match *field {
+                "content parts" => "messages",
+                other => other,
+            }),
             _ => None,
+        }
+    }
+
+    /// The HTTP status to answer with: 413 for [`RequestError::TooLarge`], else 400.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            RequestError::TooLarge { .. } => 413,
+            _ => 400,
         }
     }
 }
 
-/// Parses the body of a request to `api`.
+/// Parses the body of a request to `api` within the default [`RequestLimits`].
 ///
 /// Errors name the offending field. `Other` APIs only need `model` if the body is a JSON object
 /// that has one; anything else returns `Ok` with an empty model (route to any endpoint).
 pub fn parse(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestError> {
-    let raw = match body::RawRequest::from_slice(body) {
+    parse_with(api, body, RequestLimits::default())
+}
+
+/// Parses the body of a request to `api`; more messages or content parts than `limits` allow
+/// is [`RequestError::TooLarge`], found after reading at most one element past the limit.
+pub fn parse_with(
+    api: ApiKind,
+    body: &[u8],
+    limits: RequestLimits,
+) -> Result<ParsedRequest<'_>, RequestError> {
+    let raw = match raw::RawRequest::from_slice(body, api, limits) {
         Ok(raw) => raw,
         Err(_) if api == ApiKind::Other => return Ok(unrouted(api)),
         Err(e) => return Err(e),

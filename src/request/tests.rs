@@ -116,7 +116,7 @@ fn bad_bodies_name_the_problem() {
         (
             ChatCompletions,
             r#"{"model":3,"messages":[]}"#,
-            "invalid field `model`: invalid type: integer `3`, expected a string",
+            "invalid field `model`: expected a string, got a number",
         ),
         (
             ChatCompletions,
@@ -151,7 +151,7 @@ fn bad_bodies_name_the_problem() {
         (
             ChatCompletions,
             r#"{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}"#,
-            "unsupported content part type \"hologram\"",
+            "invalid field `messages[0].content[0]`: unsupported content part type (expected text",
         ),
         (
             Completions,
@@ -171,17 +171,17 @@ fn bad_bodies_name_the_problem() {
         (
             Completions,
             r#"{"model":"m","prompt":[-1]}"#,
-            "token id -1 is out of range",
+            "invalid field `prompt[0]`: expected a token id (an integer in 0..=4294967295), got a negative number",
         ),
         (
             Completions,
             r#"{"model":"m","prompt":[5000000000]}"#,
-            "token id 5000000000 is out of range",
+            "got an out-of-range number",
         ),
         (
             Completions,
             r#"{"model":"m","prompt":{}}"#,
-            "invalid field `prompt`: invalid type: map",
+            "invalid field `prompt`: expected a string, an array of strings, an array of token ids, or an array of arrays of token ids, got an object",
         ),
         (
             Embeddings,
@@ -261,4 +261,144 @@ proptest! {
 #[test]
 fn valid_sample_parses() {
     assert!(chat(VALID).is_ok());
+}
+
+/// A marker standing for prompt text; lowercase too, so a key made of it would pass as a field
+/// name if the path kept client keys.
+const MARKER: &str = "zq_secret_marker";
+
+/// Every error a body can produce names fields and types, never the body's text: bodies of every
+/// malformed shape carry the marker, and neither the message nor the param may contain it.
+#[test]
+fn errors_never_carry_input_text() {
+    use ApiKind::*;
+    let m = MARKER;
+    let mut cases: Vec<(ApiKind, Vec<u8>)> = [
+        (ChatCompletions, format!(r#"{{"model":"x","messages":"{m}"}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","stream":"{m}","messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_tokens":"{m}","messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_completion_tokens":["{m}"]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":{{"{m}":"{m}"}},"messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":["{m}"]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","cache_salt":["{m}"],"messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":["{m}"]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"{m}","content":5}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":["{m}"]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"content":"{m}"}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":{{"{m}":"{m}"}}}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"{m}"}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":["{m}"]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"text","text":["{m}"]}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"text","{m}":"{m}"}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":["{m}"]}}}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"image_url","image_url":{{"{m}":"{m}"}}}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":[{{"type":"image_url","image_url":5,"{m}":1}}]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":"{m}"}}],"{m}":[1,}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":"{m}"}}]}} {m}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":"{m}\q"}}]}}"#)),
+        (ChatCompletions, format!("{{\"model\":\"x\",\"messages\":[{{\"role\":\"user\",\"content\":\"{m}\u{1}\"}}]}}")),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":"{m}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_tokens":1e999,"messages":[{{"role":"user","content":"{m}"}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_tokens":123456789012345678901234567890,"messages":["{m}"]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_tokens":-5,"messages":[{{"role":"user","content":"{m}"}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","max_tokens":2.5,"messages":[{{"role":"user","content":"{m}"}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"{m}","model":"{m}"}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","role":"{m}"}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"{m}":{}"{m}"{}}}"#, "[".repeat(200), "]".repeat(200))),
+        (ChatCompletions, format!(r#""{m}""#)),
+        (ChatCompletions, format!(r#"["{m}"]"#)),
+        (ChatCompletions, m.to_string()),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{}]}}"#, vec![format!(r#"{{"role":"user","content":"{m}"}}"#); DEFAULT_MAX_MESSAGES + 1].join(","))),
+        (Completions, format!(r#"{{"model":"x","prompt":{{"{m}":1}}}}"#)),
+        (Completions, format!(r#"{{"model":"x","prompt":["a","{m}",3]}}"#)),
+        (Completions, format!(r#"{{"model":"x","prompt":[1,"{m}"]}}"#)),
+        (Completions, format!(r#"{{"model":"x","prompt":[[1],["{m}"]]}}"#)),
+        (Completions, format!(r#"{{"model":"x","prompt":true,"{m}":"{m}"}}"#)),
+        (Embeddings, format!(r#"{{"model":"x","input":[{{"{m}":"{m}"}}]}}"#)),
+    ]
+    .into_iter()
+    .map(|(api, body)| (api, body.into_bytes()))
+    .collect();
+    // Invalid UTF-8 inside a string, and right after the marker.
+    let mut bad_utf8 =
+        format!(r#"{{"model":"x","messages":[{{"role":"user","content":"{m}"#).into_bytes();
+    bad_utf8.extend_from_slice(&[0xff, 0xfe, b'"', b'}', b']', b'}']);
+    cases.push((ChatCompletions, bad_utf8));
+    let mut bad_key = br#"{"model":"x",""#.to_vec();
+    bad_key.extend_from_slice(m.as_bytes());
+    bad_key.extend_from_slice(&[0xc3, b'"', b':', b'1', b'}']);
+    cases.push((ChatCompletions, bad_key));
+
+    for (api, body) in &cases {
+        let err = parse(*api, body).expect_err("malformed");
+        let shown = format!("{err} {:?}", err.param());
+        assert!(
+            !shown.contains(MARKER) && !shown.contains("secret"),
+            "{}\n  leaked: {shown}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        );
+    }
+    assert_eq!(cases.len(), 43);
+}
+
+#[test]
+fn limits_reject_oversized_conversations_with_413() {
+    let body = |messages: usize, parts: usize| {
+        let part = r#"{"type":"text","text":"a"}"#;
+        let content = vec![part; parts].join(",");
+        let message = format!(r#"{{"role":"user","content":[{content}]}}"#);
+        format!(
+            r#"{{"model":"m","messages":[{}]}}"#,
+            vec![message; messages].join(",")
+        )
+    };
+    let limits = RequestLimits {
+        max_messages: 3,
+        max_content_parts: 7,
+    };
+    let ok = |m, p| {
+        parse_with(ApiKind::ChatCompletions, body(m, p).as_bytes(), limits)
+            .map(drop)
+            .map_err(|e| e.clone())
+    };
+    assert!(ok(3, 2).is_ok(), "at the limits");
+    let err = ok(4, 1).unwrap_err();
+    assert_eq!(
+        err,
+        RequestError::TooLarge {
+            field: "messages",
+            limit: 3
+        }
+    );
+    assert_eq!((err.http_status(), err.param()), (413, Some("messages")));
+    assert_eq!(
+        err.to_string(),
+        "request has more than 3 messages, the router's limit"
+    );
+    let err = ok(2, 4).unwrap_err();
+    assert_eq!(
+        err,
+        RequestError::TooLarge {
+            field: "content parts",
+            limit: 7
+        }
+    );
+    // A string content is one part.
+    let strings =
+        r#"{"model":"m","messages":[{"role":"a","content":"x"},{"role":"b","content":"y"}]}"#;
+    let one_part = RequestLimits {
+        max_messages: 9,
+        max_content_parts: 1,
+    };
+    assert!(parse_with(ApiKind::ChatCompletions, strings.as_bytes(), one_part).is_err());
+    // Limits bind chat messages only; other APIs do not parse `messages` at all.
+    assert!(parse_with(
+        ApiKind::Completions,
+        body(9, 9)
+            .replace("\"messages\"", "\"prompt\":\"p\",\"messages\"")
+            .as_bytes(),
+        limits
+    )
+    .is_ok());
+    assert_eq!(chat("{\"model\":\"m\"}").unwrap_err().http_status(), 400);
 }

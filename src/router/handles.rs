@@ -88,8 +88,7 @@ impl CapacitySink for Sinks {
     /// Sizes `ep`'s index entries to what its engine reports, unless the config sets it.
     fn engine_capacity_changed(&self, ep: &Endpoint) {
         if ep.cache_capacity_tokens.is_none() {
-            self.tables
-                .apply_capacity(ep, &self.state.load().tokenizers);
+            self.tables.apply_capacity(ep, &self.state.load());
         }
     }
 }
@@ -100,7 +99,7 @@ impl EndpointSink for Sinks {
     fn publish(&self, source: &str, endpoints: Vec<ResolvedEndpoint>) -> SetChange {
         let change = self.tables.registry.publish_source(source, endpoints);
         self.tables.forget_removed(&change);
-        self.tables.apply_capacities(&self.state.load().tokenizers);
+        self.tables.apply_capacities(&self.state.load());
         change
     }
 

@@ -86,7 +86,10 @@ pub struct Router {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     /// No endpoint serves the requested model or adapter (404).
-    #[error("The model `{model}` does not exist.")]
+    #[error(
+        "The model `{}` does not exist.",
+        crate::request::model_for_display(model)
+    )]
     UnknownModel {
         /// The requested name.
         model: String,

@@ -18,7 +18,6 @@ use crate::discovery::{Endpoint, Registry, SetChange};
 use crate::events::KvEvents;
 use crate::health::Change;
 use crate::index::{Clock, IndexOptions, OwnershipIndex, TokioClock};
-use crate::prefix::TokenizerRegistry;
 use crate::telemetry::Metrics;
 
 /// The router's tables. Shared (`Arc`) by the pipeline, the tickets of routed requests and the
@@ -67,7 +66,7 @@ impl Tables {
     /// Settles the tables' config-derived settings on `state`: index capacities, the decision
     /// log's size, the signal metrics' thresholds.
     pub(crate) fn configure(&self, state: &RouterState) {
-        self.apply_capacities(&state.tokenizers);
+        self.apply_capacities(state);
         self.decisions
             .set_capacity(state.config.debug.record_decisions);
         self.metrics.signals.configure(&state.config);
@@ -84,20 +83,28 @@ impl Tables {
 
     /// Sets each endpoint's index capacity from its KV capacity: configured, else what its
     /// engine reports (`vllm:cache_config_info`), in blocks of its (first) model's block size.
-    pub(crate) fn apply_capacities(&self, tokenizers: &TokenizerRegistry) {
+    pub(crate) fn apply_capacities(&self, state: &RouterState) {
         for ep in self.registry.snapshot().all() {
-            self.apply_capacity(ep, tokenizers);
+            self.apply_capacity(ep, state);
         }
     }
 
-    /// [`Self::apply_capacities`] for one endpoint.
-    pub(crate) fn apply_capacity(&self, ep: &Endpoint, tokenizers: &TokenizerRegistry) {
-        let scraped = || ep.load.engine.last().and_then(|s| s.capacity_tokens);
+    /// [`Self::apply_capacities`] for one endpoint. An engine's own report is clamped to
+    /// `cache_index.max_engine_capacity_tokens`: whoever answers at a scraped address must not
+    /// size the index (about 80 bytes a block); a configured capacity is the operator's word.
+    pub(crate) fn apply_capacity(&self, ep: &Endpoint, state: &RouterState) {
+        let scraped = || {
+            ep.load
+                .engine
+                .last()
+                .and_then(|s| s.capacity_tokens)
+                .map(|t| state.config.cache_index.clamp_engine_capacity(t))
+        };
         let Some(tokens) = ep.cache_capacity_tokens.or_else(scraped) else {
             return;
         };
         let model = ep.models.first().map(String::as_str).unwrap_or("");
-        let block = u64::from(tokenizers.block_size_tokens(model).max(1));
+        let block = u64::from(state.tokenizers.block_size_tokens(model).max(1));
         let _ = self
             .index
             .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));

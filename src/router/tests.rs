@@ -874,5 +874,12 @@ pools:
         let ep = endpoints(&r).get(&addr(8001)).cloned().unwrap();
         r.handles().capacity.engine_capacity_changed(&ep);
         assert_eq!(capacity(&r, ep.id), Some(200), "the config wins");
+
+        // An engine reporting absurd capacity is held to `max_engine_capacity_tokens`.
+        let ep3 = endpoints(&r).get(&addr(8003)).cloned().unwrap();
+        ep3.load.engine.store(sample(0, Some(u64::MAX)));
+        r.handles().capacity.engine_capacity_changed(&ep3);
+        let max_tokens = config(&r).cache_index.max_engine_capacity_tokens;
+        assert_eq!(capacity(&r, ep3.id), Some((max_tokens / 16) as usize));
     }
 }

@@ -359,3 +359,35 @@ fn other_groups_and_unknown_events_are_skipped_and_ranks_are_sequenced_apart() {
     assert_eq!(confirmed(&index, &[2, 3, 4, 5]), vec![2, 3, 4, 5]);
     assert_eq!(a.counters.gaps, 0);
 }
+
+#[test]
+fn the_sequence_table_holds_at_most_max_dp_ranks_and_further_ranks_are_malformed() {
+    let index = index();
+    let mut a = applier(1 << 20);
+    let message = |seq, rank: u32, events| {
+        Ok(Message {
+            topic: b"",
+            seq,
+            batch: Batch {
+                ts_s: 0.0,
+                events,
+                dp_rank: Some(rank),
+            },
+        })
+    };
+    for rank in 0..MAX_DP_RANKS as u32 {
+        a.on_message(message(0, rank, vec![]), &index);
+    }
+    assert_eq!(a.expected.len(), MAX_DP_RANKS);
+    assert_eq!(a.counters.malformed, 0);
+    // A publisher inventing ranks: no new entry, the batch is not applied, the stream is lost.
+    a.on_message(message(0, u32::MAX, vec![stored(7)]), &index);
+    a.on_message(Err((WireError::Frames(0), Some((5, u32::MAX - 1)))), &index);
+    assert_eq!(a.expected.len(), MAX_DP_RANKS, "bounded");
+    assert_eq!(a.counters.malformed, 2);
+    assert_eq!(confirmed(&index, &[7]), Vec::<u64>::new());
+    assert_eq!(a.state(), SourceState::Partial(Reason::Malformed));
+    // Known ranks still sequence.
+    a.on_message(message(1, 0, vec![stored(8)]), &index);
+    assert_eq!(a.expected.len(), MAX_DP_RANKS);
+}

@@ -1,0 +1,187 @@
+//! The top-level body object: the fields routing reads, parsed in one pass with the limits of
+//! [`super::limits`]; every other field is skipped without being built. Only the prompt field of
+//! the request's API is parsed (`messages` for chat, `prompt` for completions, `input` for
+//! embeddings): a field the engine will not read cannot fail or slow the routing.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use super::body::{ChatMessage, MessagesSeed, PromptInput};
+use super::errors::classify;
+use super::leaf::{reject, Count, Flag, Text};
+use super::limits::{Budget, RequestLimits};
+use super::{ApiKind, RequestError};
+
+/// The request fields we read.
+#[derive(Debug, Default)]
+pub(super) struct RawRequest<'a> {
+    pub model: Option<Cow<'a, str>>,
+    pub stream: Option<bool>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub cache_salt: Option<Cow<'a, str>>,
+    pub messages: Option<Vec<ChatMessage<'a>>>,
+    pub prompt: Option<PromptInput<'a>>,
+    pub input: Option<PromptInput<'a>>,
+}
+
+impl<'a> RawRequest<'a> {
+    /// Parses `body` as a request to `api` within `limits`.
+    pub(super) fn from_slice(
+        body: &'a [u8],
+        api: ApiKind,
+        limits: RequestLimits,
+    ) -> Result<Self, RequestError> {
+        // serde would accept a JSON array as a struct in sequence form; requests are objects.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return match serde_json::from_slice::<IgnoredAny>(body) {
+                Ok(_) => Err(RequestError::NotObject),
+                Err(e) => Err(classify(None, e)),
+            };
+        }
+        let budget = Budget::new(limits);
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let seed = RequestSeed {
+            api,
+            budget: &budget,
+        };
+        let mut track = serde_path_to_error::Track::new();
+        let result = seed.deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track));
+        let raw = match result {
+            Ok(raw) => raw,
+            Err(err) => {
+                if let Some(hit) = budget.hit() {
+                    return Err(RequestError::TooLarge {
+                        field: hit.field,
+                        limit: hit.limit,
+                    });
+                }
+                return Err(classify(Some(track.path()), err));
+            }
+        };
+        // Trailing garbage after the object is malformed JSON too.
+        de.end().map_err(|e| classify(None, e))?;
+        Ok(raw)
+    }
+}
+
+struct RequestSeed<'b> {
+    api: ApiKind,
+    budget: &'b Budget,
+}
+
+impl<'de, 'b> DeserializeSeed<'de> for RequestSeed<'b> {
+    type Value = RawRequest<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+/// A field seen twice: consuming its second value fails inside it, so the error's path names
+/// the field (serde's derive reports duplicates at the object, with no path).
+struct Duplicate(&'static str);
+
+impl<'de> DeserializeSeed<'de> for Duplicate {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        Err(de::Error::duplicate_field(self.0))
+    }
+}
+
+impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
+    type Value = RawRequest<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut raw = RawRequest::default();
+        let api = self.api;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.0.as_ref() {
+                "model" => {
+                    if raw.model.is_some() {
+                        return map.next_value_seed(Duplicate("model")).map(|()| raw);
+                    }
+                    raw.model = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0);
+                }
+                "stream" => {
+                    if raw.stream.is_some() {
+                        return map.next_value_seed(Duplicate("stream")).map(|()| raw);
+                    }
+                    raw.stream = map.next_value::<Option<Flag>>()?.map(|f| f.0);
+                }
+                "max_tokens" => {
+                    if raw.max_tokens.is_some() {
+                        return map.next_value_seed(Duplicate("max_tokens")).map(|()| raw);
+                    }
+                    raw.max_tokens = map.next_value::<Option<Count>>()?.map(|c| c.0);
+                }
+                "max_completion_tokens" => {
+                    if raw.max_completion_tokens.is_some() {
+                        return map
+                            .next_value_seed(Duplicate("max_completion_tokens"))
+                            .map(|()| raw);
+                    }
+                    raw.max_completion_tokens = map.next_value::<Option<Count>>()?.map(|c| c.0);
+                }
+                "cache_salt" => {
+                    if raw.cache_salt.is_some() {
+                        return map.next_value_seed(Duplicate("cache_salt")).map(|()| raw);
+                    }
+                    raw.cache_salt = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0);
+                }
+                "messages" if api == ApiKind::ChatCompletions => {
+                    if raw.messages.is_some() {
+                        return map.next_value_seed(Duplicate("messages")).map(|()| raw);
+                    }
+                    raw.messages = map.next_value_seed(Nullable(MessagesSeed(self.budget)))?;
+                }
+                "prompt" if api == ApiKind::Completions => {
+                    if raw.prompt.is_some() {
+                        return map.next_value_seed(Duplicate("prompt")).map(|()| raw);
+                    }
+                    raw.prompt = map.next_value()?;
+                }
+                "input" if api == ApiKind::Embeddings => {
+                    if raw.input.is_some() {
+                        return map.next_value_seed(Duplicate("input")).map(|()| raw);
+                    }
+                    raw.input = map.next_value()?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(raw)
+    }
+    reject!(bool, num, str, null, seq, bytes);
+}
+
+/// `null` or the seed's value.
+struct Nullable<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Nullable<S> {
+    type Value = Option<S::Value>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_option(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for Nullable<S> {
+    type Value = Option<S::Value>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a value or null")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(de).map(Some)
+    }
+}
