@@ -660,6 +660,8 @@ impl Default for AnalysisSpec {
                 "prefix-affinity".into(),
                 "cache-load-score".into(),
                 "sglang-cache-aware".into(),
+                "vllm-prefixaware".into(),
+                "vllm-kvaware".into(),
                 "weighted-scorers".into(),
             ],
             affinity: "prefix-affinity".into(),
