@@ -18,9 +18,9 @@ pub struct PolicyConfig {
     pub cache_load_score: CacheLoadScoreConfig,
     /// Parameters of `sglang-cache-aware` (its thresholds also serve `sglang-cache-aware-index`).
     pub sglang_cache_aware: SglangConfig,
-    /// Parameters of `vllm-prefixaware`.
+    /// Parameters of `vllm-prefix-aware`.
     pub vllm_prefixaware: VllmPrefixAwareConfig,
-    /// Parameters of `vllm-kvaware`.
+    /// Parameters of `vllm-kv-aware`.
     pub vllm_kvaware: VllmKvAwareConfig,
     /// Parameters of `predicted-ttft`.
     pub predicted_ttft: PredictedTtftConfig,
@@ -99,8 +99,8 @@ impl PolicyName {
             PolicyName::CacheLoadScore => "cache-load-score",
             PolicyName::SglangCacheAware => "sglang-cache-aware",
             PolicyName::SglangCacheAwareIndex => "sglang-cache-aware-index",
-            PolicyName::VllmPrefixAware => "vllm-prefixaware",
-            PolicyName::VllmKvAware => "vllm-kvaware",
+            PolicyName::VllmPrefixAware => "vllm-prefix-aware",
+            PolicyName::VllmKvAware => "vllm-kv-aware",
             PolicyName::PredictedTtft => "predicted-ttft",
             PolicyName::WeightedScorers => "weighted-scorers",
         }
@@ -191,7 +191,7 @@ impl Default for SglangConfig {
     }
 }
 
-/// Parameters of `vllm-prefixaware` (defaults are the production stack router's).
+/// Parameters of `vllm-prefix-aware` (defaults are the production stack router's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VllmPrefixAwareConfig {
@@ -213,7 +213,7 @@ impl Default for VllmPrefixAwareConfig {
     }
 }
 
-/// Parameters of `vllm-kvaware` (defaults are the production stack router's and LMCache's).
+/// Parameters of `vllm-kv-aware` (defaults are the production stack router's and LMCache's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VllmKvAwareConfig {
@@ -260,6 +260,13 @@ pub struct PredictedTtftConfig {
     /// request's predicted TTFT alone (greedy; under high load it spills cached prefixes to cold
     /// replicas and wastes capacity on recomputation), 1 charges the full delay. Default 1.
     pub externality_weight: f64,
+    /// Weight of the cached tokens this request's prefill evicts. A warm engine's KV cache is
+    /// full (LRU): every uncached token it computes evicts a cached one, which a later request
+    /// recomputes if it would have hit it. The ranking cost adds `eviction_weight * prefill_ms`
+    /// (the chance an evicted token is reused, times its recompute at this speed), so a copy of
+    /// a prefix on a cold replica pays for the prefixes it pushes out there, which the TTFT
+    /// prediction and the queue externality do not see. 0 leaves evictions unpriced.
+    pub eviction_weight: f64,
     /// Also exclude endpoints that the scraped engine signals call saturated
     /// (`policy.saturation`'s queue and KV-usage thresholds). Default false: the cost already
     /// charges every queue, and a hard cut at a threshold moves cached prefixes to cold replicas
@@ -278,6 +285,7 @@ impl Default for PredictedTtftConfig {
             running_request_ms: 0.5,
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
+            eviction_weight: 0.0,
             engine_saturation: false,
             tie_tolerance: 0.02,
         }

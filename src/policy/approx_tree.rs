@@ -1,5 +1,5 @@
 //! The approximate prefix tree that some peers keep of their own routing decisions
-//! (`vllm-prefixaware`, `sglang-cache-aware`): which endpoint was sent which prompt prefix,
+//! (`vllm-prefix-aware`, `sglang-cache-aware`): which endpoint was sent which prompt prefix,
 //! with no knowledge of what the engines actually hold or can hold.
 //!
 //! The peers build theirs over the request text (128-character chunks in the vLLM production

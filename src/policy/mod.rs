@@ -301,3 +301,25 @@ pub(crate) mod testing {
         assert_eq!(ranking.scores.len(), n);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The name a config parses, the name metrics use and the built policy's own name agree for
+    /// every policy (a policy whose config spelling differs from its label cannot be selected
+    /// by the name the docs give).
+    #[test]
+    fn every_policy_answers_to_its_config_name() {
+        assert_eq!(PolicyName::ALL.len(), 10);
+        for name in PolicyName::ALL {
+            let parsed: PolicyName = serde_norway::from_str(name.as_str()).unwrap();
+            assert_eq!(parsed, name);
+            let config = PolicyConfig {
+                name,
+                ..PolicyConfig::default()
+            };
+            assert_eq!(build(&config).name(), name.as_str());
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! `vllm-kvaware`: the vLLM production stack router's `kvaware` routing logic
+//! `vllm-kv-aware`: the vLLM production stack router's `kvaware` routing logic
 //! (`KvawareRouter`), as its users run it.
 //!
 //! What it does there: it tokenizes the prompt and asks the LMCache controller which instance
@@ -104,7 +104,7 @@ impl VllmKvAware {
 
 impl Policy for VllmKvAware {
     fn name(&self) -> &'static str {
-        "vllm-kvaware"
+        "vllm-kv-aware"
     }
 
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {

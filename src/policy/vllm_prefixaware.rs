@@ -1,4 +1,4 @@
-//! `vllm-prefixaware`: the vLLM production stack router's `prefixaware` routing logic
+//! `vllm-prefix-aware`: the vLLM production stack router's `prefixaware` routing logic
 //! (`PrefixAwareRouter` over its `HashTrie`), as its users run it.
 //!
 //! What it does there: every routed prompt is inserted into a trie of chunk hashes under the
@@ -127,7 +127,7 @@ impl VllmPrefixAware {
 
 impl Policy for VllmPrefixAware {
     fn name(&self) -> &'static str {
-        "vllm-prefixaware"
+        "vllm-prefix-aware"
     }
 
     fn wants_prefix_blocks(&self) -> bool {
