@@ -121,6 +121,7 @@ impl Config {
             ("running_request_ms", t.running_request_ms),
             ("waiting_request_ms", t.waiting_request_ms),
             ("externality_weight", t.externality_weight),
+            ("eviction_weight", t.eviction_weight),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 errors.push(
