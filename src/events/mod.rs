@@ -53,6 +53,7 @@ mod blocks;
 mod endpoint;
 mod hub;
 mod msgpack;
+mod replay;
 mod state;
 mod subscriber;
 pub mod wire;
