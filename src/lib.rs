@@ -29,7 +29,8 @@
 //!   narrow handles for everything around it. Shared by the gRPC server, the admin API and the
 //!   CLI.
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
-//!   translates messages into decisions and response facts and scores nothing.
+//!   translates messages into decisions and response facts and scores nothing. Also the
+//!   process-wide buffered-body budget and the tenant's `cache_salt` written into bodies.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
 //!   view.
 //! - [`serve`]: `kvrouter serve`: builds the router and wires each part to the handle it needs.

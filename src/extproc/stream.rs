@@ -40,10 +40,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 
+use super::budget;
 use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
+use super::salt;
 use crate::request::{self, ApiKind};
 use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
 use crate::telemetry::Metrics;
@@ -86,6 +88,8 @@ struct Pending {
     tenant: Option<String>,
     request_id: String,
     body: Vec<u8>,
+    /// `body`'s share of the process-wide buffered-body budget.
+    held: budget::HeldBody,
     /// End offset of each received chunk, to echo chunks back with their original boundaries.
     chunk_ends: Vec<usize>,
 }
@@ -229,6 +233,7 @@ impl Stream {
             tenant,
             request_id: self.request_id.clone(),
             body: Vec::new(),
+            held: Default::default(),
             chunk_ends: Vec::new(),
         };
         if h.end_of_stream {
@@ -279,6 +284,7 @@ impl Stream {
                 tenant: None,
                 request_id: self.request_id.clone(),
                 body: Vec::new(),
+                held: Default::default(),
                 chunk_ends: Vec::new(),
             });
         }
@@ -301,6 +307,12 @@ impl Stream {
         let (limit, retry_after) = (routing.max_body_bytes, routing.retry_after_s);
         if pending.body.len() + b.body.len() > limit {
             return self.reject(Rejection::too_large(limit), retry_after);
+        }
+        if !pending
+            .held
+            .grow(b.body.len(), routing.max_buffered_body_bytes)
+        {
+            return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.body.extend_from_slice(&b.body);
         pending.chunk_ends.push(pending.body.len());
@@ -345,7 +357,7 @@ impl Stream {
     ) -> Vec<ProcessingResponse> {
         let router = Arc::clone(&self.router);
         let retry_after = pending.state.config.routing.retry_after_s;
-        let (pending, result) = if pending.state.decides_slowly(pending.body.len()) {
+        let (mut pending, result) = if pending.state.decides_slowly(pending.body.len()) {
             // At most a few tokenizations at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
             let _permit = slow_decisions().acquire().await;
@@ -369,7 +381,26 @@ impl Stream {
             Ok(Some(decision)) => {
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
-                out.push(envoy::route(slot, header, &decision.destination, id));
+                let mut reply = envoy::route(slot, header, &decision.destination, id);
+                // Tenancy: the tenant's cache_salt goes into the body the engine receives.
+                let p = &mut pending;
+                match salt::salt_request(
+                    &p.state.tenants,
+                    p.tenant.as_deref(),
+                    &mut p.body,
+                    &mut p.chunk_ends,
+                ) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        // BUFFERED: nothing is echoed afterwards, the body moves into the reply.
+                        let len = p.body.len();
+                        let buffered =
+                            (slot == Slot::RequestBody).then(|| std::mem::take(&mut p.body));
+                        envoy::body_changed(&mut reply, len, buffered);
+                    }
+                    Err(rejection) => return self.reject(rejection, retry_after),
+                }
+                out.push(reply);
                 tracing::debug!(
                     request_id = %self.request_id,
                     pick = id,
