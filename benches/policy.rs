@@ -34,6 +34,7 @@ fn candidates(n: usize) -> Vec<CandidateView> {
                 max_in_flight: (h % 5 == 0).then_some(24),
                 matched_tokens: ((h >> 11) % 257) * 16,
                 confirmed_tokens: ((h >> 11) % 257) * 8,
+                held_tokens: ((h >> 11) % 257) * 16,
                 prefill_tokens_per_s: 8_000.0 + ((h >> 20) % 8) as f64 * 4_000.0,
                 engine: (h % 3 != 0).then_some(EngineLoad {
                     waiting_requests: (h >> 23) % 8,
@@ -51,6 +52,7 @@ fn bench_policies(c: &mut Criterion) {
         prompt_tokens: 4096,
         max_tokens: Some(256),
         arrivals_per_endpoint_s: 2.0,
+        ..RequestView::default()
     };
     let mut group = c.benchmark_group("policy_rank");
     group.measurement_time(Duration::from_secs(3));

@@ -31,8 +31,8 @@ pub use kv_events::{
 pub use load::{LearningConfig, LoadConfig, ScrapeConfig};
 pub use policy::{
     CacheLoadScoreConfig, LeastLoadedConfig, PolicyConfig, PolicyName, PredictedTtftConfig,
-    SaturationConfig, ScorerName, SglangConfig, TieBreakName, WeightedScorer,
-    WeightedScorersConfig,
+    SaturationConfig, ScorerName, SglangConfig, TieBreakName, VllmKvAwareConfig,
+    VllmPrefixAwareConfig, WeightedScorer, WeightedScorersConfig,
 };
 pub use validate::ConfigError;
 

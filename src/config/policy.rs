@@ -16,8 +16,12 @@ pub struct PolicyConfig {
     pub least_loaded: LeastLoadedConfig,
     /// Parameters of `cache-load-score`.
     pub cache_load_score: CacheLoadScoreConfig,
-    /// Parameters of `sglang-cache-aware`.
+    /// Parameters of `sglang-cache-aware` (its thresholds also serve `sglang-cache-aware-index`).
     pub sglang_cache_aware: SglangConfig,
+    /// Parameters of `vllm-prefix-aware`.
+    pub vllm_prefixaware: VllmPrefixAwareConfig,
+    /// Parameters of `vllm-kv-aware`.
+    pub vllm_kvaware: VllmKvAwareConfig,
     /// Parameters of `predicted-ttft`.
     pub predicted_ttft: PredictedTtftConfig,
     /// Parameters of `weighted-scorers`.
@@ -32,6 +36,8 @@ impl Default for PolicyConfig {
             least_loaded: LeastLoadedConfig::default(),
             cache_load_score: CacheLoadScoreConfig::default(),
             sglang_cache_aware: SglangConfig::default(),
+            vllm_prefixaware: VllmPrefixAwareConfig::default(),
+            vllm_kvaware: VllmKvAwareConfig::default(),
             predicted_ttft: PredictedTtftConfig::default(),
             weighted_scorers: WeightedScorersConfig::default(),
         }
@@ -51,9 +57,18 @@ pub enum PolicyName {
     PrefixAffinity,
     /// vLLM production-stack: `matched/prompt - beta * (load - mean) / max(1, mean)`, argmax.
     CacheLoadScore,
-    /// SGLang's gateway: least loaded when the fleet is imbalanced, else the best prefix match
-    /// above a threshold.
+    /// SGLang's gateway: least loaded when the fleet is imbalanced, else the best match in its
+    /// own approximate tree of past decisions if above a threshold, else the smallest tree.
     SglangCacheAware,
+    /// SGLang's thresholds over kvrouter's index (falls back to the least loaded): a variant,
+    /// not what SGLang runs.
+    SglangCacheAwareIndex,
+    /// vLLM production stack's `prefixaware`: longest match in a trie of past decisions, random
+    /// among the matched endpoints, no load term.
+    VllmPrefixAware,
+    /// vLLM production stack's `kvaware`: the LMCache holder if at most a threshold of tokens is
+    /// left to compute, else the lowest request rate.
+    VllmKvAware,
     /// Minimum predicted time to first token: queue wait plus prefill of the uncached tokens.
     PredictedTtft,
     /// GIE-style: filters, weighted scorers in `[0, 1]`, max-score picker.
@@ -62,12 +77,15 @@ pub enum PolicyName {
 
 impl PolicyName {
     /// Every policy, in a stable order.
-    pub const ALL: [PolicyName; 7] = [
+    pub const ALL: [PolicyName; 10] = [
         PolicyName::RoundRobin,
         PolicyName::LeastLoaded,
         PolicyName::PrefixAffinity,
         PolicyName::CacheLoadScore,
         PolicyName::SglangCacheAware,
+        PolicyName::SglangCacheAwareIndex,
+        PolicyName::VllmPrefixAware,
+        PolicyName::VllmKvAware,
         PolicyName::PredictedTtft,
         PolicyName::WeightedScorers,
     ];
@@ -80,6 +98,9 @@ impl PolicyName {
             PolicyName::PrefixAffinity => "prefix-affinity",
             PolicyName::CacheLoadScore => "cache-load-score",
             PolicyName::SglangCacheAware => "sglang-cache-aware",
+            PolicyName::SglangCacheAwareIndex => "sglang-cache-aware-index",
+            PolicyName::VllmPrefixAware => "vllm-prefix-aware",
+            PolicyName::VllmKvAware => "vllm-kv-aware",
             PolicyName::PredictedTtft => "predicted-ttft",
             PolicyName::WeightedScorers => "weighted-scorers",
         }
@@ -150,6 +171,12 @@ pub struct SglangConfig {
     pub balance_abs_threshold: u64,
     /// ...and max exceeds min times this. Default 1.5.
     pub balance_rel_threshold: f64,
+    /// How often each endpoint's part of the approximate tree is cut back to `max_tree_tokens`
+    /// (least recently used first), in ms. Default 120000 (`--eviction-interval-secs 120`).
+    pub eviction_interval_ms: u64,
+    /// Bound on each endpoint's part of the approximate tree, in tokens. Default 2^24 (SGLang's
+    /// `--max-tree-size` of 2^26 characters at ~4 characters per token).
+    pub max_tree_tokens: u64,
 }
 
 impl Default for SglangConfig {
@@ -158,6 +185,53 @@ impl Default for SglangConfig {
             cache_threshold: 0.3,
             balance_abs_threshold: 64,
             balance_rel_threshold: 1.5,
+            eviction_interval_ms: 120_000,
+            max_tree_tokens: 1 << 24,
+        }
+    }
+}
+
+/// Parameters of `vllm-prefix-aware` (defaults are the production stack router's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VllmPrefixAwareConfig {
+    /// A match shorter than this many tokens falls back to the lowest request rate
+    /// (`--prefix-min-match-length`, there in characters). Default 0: any match, even empty,
+    /// is a random pick among the matched endpoints.
+    pub min_match_tokens: u64,
+    /// Safety bound the original lacks: the trie is cleared when it would exceed this many
+    /// blocks. Default 4 Mi (about 160 MiB).
+    pub max_blocks: usize,
+}
+
+impl Default for VllmPrefixAwareConfig {
+    fn default() -> Self {
+        Self {
+            min_match_tokens: 0,
+            max_blocks: 4 << 20,
+        }
+    }
+}
+
+/// Parameters of `vllm-kv-aware` (defaults are the production stack router's and LMCache's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VllmKvAwareConfig {
+    /// The holder gets the request if at most this many prompt tokens are left unmatched there
+    /// (`--kv-aware-threshold`). Default 2000.
+    pub threshold_tokens: u64,
+    /// LMCache's chunk, in tokens: matches count in whole chunks. Default 256.
+    pub chunk_tokens: u64,
+    /// Window of the request-rate fallback, in ms (`--request-stats-window 60`). Default 60000.
+    pub qps_window_ms: u64,
+}
+
+impl Default for VllmKvAwareConfig {
+    fn default() -> Self {
+        Self {
+            threshold_tokens: 2000,
+            chunk_tokens: 256,
+            qps_window_ms: 60_000,
         }
     }
 }
@@ -186,6 +260,13 @@ pub struct PredictedTtftConfig {
     /// request's predicted TTFT alone (greedy; under high load it spills cached prefixes to cold
     /// replicas and wastes capacity on recomputation), 1 charges the full delay. Default 1.
     pub externality_weight: f64,
+    /// Weight of the cached tokens this request's prefill evicts. A warm engine's KV cache is
+    /// full (LRU): every uncached token it computes evicts a cached one, which a later request
+    /// recomputes if it would have hit it. The ranking cost adds `eviction_weight * prefill_ms`
+    /// (the chance an evicted token is reused, times its recompute at this speed), so a copy of
+    /// a prefix on a cold replica pays for the prefixes it pushes out there, which the TTFT
+    /// prediction and the queue externality do not see. 0 leaves evictions unpriced.
+    pub eviction_weight: f64,
     /// Also exclude endpoints that the scraped engine signals call saturated
     /// (`policy.saturation`'s queue and KV-usage thresholds). Default false: the cost already
     /// charges every queue, and a hard cut at a threshold moves cached prefixes to cold replicas
@@ -204,6 +285,7 @@ impl Default for PredictedTtftConfig {
             running_request_ms: 0.5,
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
+            eviction_weight: 0.0,
             engine_saturation: false,
             tie_tolerance: 0.02,
         }

@@ -133,6 +133,7 @@ impl Config {
             ("running_request_ms", t.running_request_ms),
             ("waiting_request_ms", t.waiting_request_ms),
             ("externality_weight", t.externality_weight),
+            ("eviction_weight", t.eviction_weight),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 errors.push(
@@ -146,6 +147,23 @@ impl Config {
                 "policy.predicted_ttft.tie_tolerance",
                 format!("must be in [0, 1) (got {})", t.tie_tolerance),
             );
+        }
+
+        if self.policy.sglang_cache_aware.eviction_interval_ms == 0 {
+            errors.push(
+                "policy.sglang_cache_aware.eviction_interval_ms",
+                "must be > 0",
+            );
+        }
+        let kv = &self.policy.vllm_kvaware;
+        if kv.qps_window_ms == 0 {
+            errors.push("policy.vllm_kvaware.qps_window_ms", "must be > 0");
+        }
+        if kv.chunk_tokens == 0 {
+            errors.push("policy.vllm_kvaware.chunk_tokens", "must be > 0");
+        }
+        if self.policy.vllm_prefixaware.max_blocks == 0 {
+            errors.push("policy.vllm_prefixaware.max_blocks", "must be > 0");
         }
 
         self.validate_models(&mut errors);
@@ -509,6 +527,14 @@ pools:
             (
                 "policy: {predicted_ttft: {tie_tolerance: 1}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "policy.predicted_ttft.tie_tolerance: must be in [0, 1) (got 1)",
+            ),
+            (
+                "policy: {vllm_kvaware: {qps_window_ms: 1, chunk_tokens: 0}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "policy.vllm_kvaware.chunk_tokens: must be > 0",
+            ),
+            (
+                "policy: {sglang_cache_aware: {eviction_interval_ms: 0}}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "policy.sglang_cache_aware.eviction_interval_ms: must be > 0",
             ),
             (
                 "models: [{name: m}, {name: m}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",

@@ -24,6 +24,7 @@
 //!
 //! ```text
 //! cost(e) = ttft(e) + externality_weight * prefill_ms(e) * delayed(e)
+//!                   + eviction_weight * prefill_ms(e)
 //! delayed(e) = queue_len(e) + arrivals_per_s(e) * prefill_ms(e) / 1000
 //! ```
 //!
@@ -38,6 +39,14 @@
 //! recent request rate spread over its candidates). An idle fleet has neither, so the cost is
 //! the prediction; a busy one keeps prefixes where they are cached unless the holder's queue
 //! outweighs the recomputation everyone else would pay for.
+//!
+//! The third term prices what a cold prefill does to the cache. A warm engine's KV cache is full
+//! and evicts least recently used blocks, so each uncached token computed on `e` pushes out a
+//! cached one; with probability `eviction_weight` a later request would have hit it and now
+//! recomputes it. On an idle fleet neither queue term sees a copy of a prefix on a cold replica
+//! as costly (its TTFT ties with the holder's, the tie goes to the lighter one), yet on small
+//! caches each copy evicts other groups' prefixes: the recorded decisions of issue 13 show the
+//! hit-rate gap to `prefix-affinity` coming from such copies and the misses they caused later.
 
 use super::{CandidateView, RequestView};
 use crate::config::PredictedTtftConfig;
@@ -56,7 +65,10 @@ pub struct Prediction {
     /// The delay this request's prefill imposes on the requests expected to wait behind it,
     /// weighted (`externality_weight * prefill_ms * delayed requests`).
     pub externality_ms: f64,
-    /// What the policy minimises: `ttft_ms + externality_ms`.
+    /// The recompute of the cached tokens this request's prefill evicts, weighted
+    /// (`eviction_weight * prefill_ms`).
+    pub eviction_ms: f64,
+    /// What the policy minimises: `ttft_ms + externality_ms + eviction_ms`.
     pub cost_ms: f64,
 }
 
@@ -71,6 +83,8 @@ pub struct CostModel {
     pub waiting_request_ms: f64,
     /// Weight of the delay imposed on the requests queued behind (0: greedy TTFT).
     pub externality_weight: f64,
+    /// Weight of the cached tokens a prefill evicts (0: unpriced).
+    pub eviction_weight: f64,
 }
 
 impl From<&PredictedTtftConfig> for CostModel {
@@ -80,6 +94,7 @@ impl From<&PredictedTtftConfig> for CostModel {
             running_request_ms: c.running_request_ms,
             waiting_request_ms: c.waiting_request_ms,
             externality_weight: c.externality_weight,
+            eviction_weight: c.eviction_weight,
         }
     }
 }
@@ -145,13 +160,15 @@ impl CostModel {
             0.0
         };
         let externality_ms = self.externality_weight * prefill_ms * (Self::queue_len(c) + arrivals);
+        let eviction_ms = self.eviction_weight * prefill_ms;
         Prediction {
             queue_ms,
             prefill_ms,
             residual_ms: Self::residual(c),
             ttft_ms,
             externality_ms,
-            cost_ms: ttft_ms + externality_ms,
+            eviction_ms,
+            cost_ms: ttft_ms + externality_ms + eviction_ms,
         }
     }
 }
@@ -171,6 +188,7 @@ mod tests {
             running_request_ms: 0.0,
             waiting_request_ms: 0.0,
             externality_weight: 0.0,
+            eviction_weight: 0.0,
         };
         let prompt = request(4000);
         // 220 ms of queue at 10 tokens/ms is 2,200 prefill tokens ahead; 20 ms is 200.
@@ -201,6 +219,7 @@ mod tests {
             running_request_ms: 1.0,
             waiting_request_ms: 100.0,
             externality_weight: 0.0,
+            eviction_weight: 0.0,
         };
         let mut fast = cached(1, 2, 0, 0);
         fast.prefill_tokens_per_s = 30_000.0;
@@ -225,6 +244,7 @@ mod tests {
             running_request_ms: 0.0,
             waiting_request_ms: 100.0,
             externality_weight: 0.0,
+            eviction_weight: 0.0,
         };
         let prompt = request(4000);
         // The holder saves 300 ms of prefill, but its engine queues 4 requests for batch slots
@@ -261,6 +281,7 @@ mod tests {
             running_request_ms: 0.0,
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
+            eviction_weight: 0.0,
         };
         // The router awaits first bytes of 3 requests (600 tokens) there; the engine queues 5.
         let mut c = cached(1, 3, 600, 0);
@@ -289,6 +310,7 @@ mod tests {
             running_request_ms: 0.0,
             waiting_request_ms: 0.0,
             externality_weight: 1.0,
+            eviction_weight: 0.0,
         };
         let mut prompt = request(4000);
         let holder = cached(1, 0, 0, 3000);
@@ -310,6 +332,49 @@ mod tests {
             model.predict(&prompt, &cold).cost_ms,
             400.0,
             "ignored when not a number"
+        );
+    }
+
+    /// An idle fleet: a follower of a prefix that is still prefilling on its holder predicts the
+    /// same TTFT there (wait for the leader, then its own question) as cold anywhere else; only
+    /// the eviction term says the copy costs other prefixes their cached blocks.
+    #[test]
+    fn a_copy_on_a_cold_replica_pays_for_what_it_evicts() {
+        let mut model = CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 0.0,
+            externality_weight: 1.0,
+            eviction_weight: 0.0,
+        };
+        let prompt = request(1800);
+        // The holder is prefilling the leader's 1,650 tokens; the follower adds 150.
+        let mut holder = cached(1, 1, 1650, 1650);
+        holder.load.in_flight_prefilling = 1;
+        let cold = cached(2, 0, 0, 0);
+        let (h, c) = (
+            model.predict(&prompt, &holder),
+            model.predict(&prompt, &cold),
+        );
+        assert_eq!((h.ttft_ms, c.ttft_ms), (180.0, 180.0), "a tie");
+        // The leader counts as delayed by the follower (the queue ahead stands in for the one
+        // behind), so without the eviction term the copy wins.
+        assert_eq!((h.cost_ms, c.cost_ms), (195.0, 180.0));
+        model.eviction_weight = 0.5;
+        let (h, c) = (
+            model.predict(&prompt, &holder),
+            model.predict(&prompt, &cold),
+        );
+        assert_eq!((h.eviction_ms, c.eviction_ms), (7.5, 90.0));
+        assert_eq!(
+            (h.ttft_ms, c.ttft_ms),
+            (180.0, 180.0),
+            "predictions unchanged"
+        );
+        assert_eq!(
+            (h.cost_ms, c.cost_ms),
+            (202.5, 270.0),
+            "keep the prefix where it is"
         );
     }
 }

@@ -9,6 +9,7 @@
 //! Policies are either written directly ([`round_robin`]) or composed GIE-style from
 //! [`Filter`]s, weighted [`Scorer`]s and a [`Picker`] ([`composed`]).
 
+pub mod approx_tree;
 pub mod cache_load_score;
 pub mod composed;
 pub mod cost;
@@ -19,6 +20,10 @@ pub mod prefix_affinity;
 pub mod round_robin;
 pub mod scorers;
 pub mod sglang;
+pub mod sglang_index;
+pub mod vllm_kvaware;
+pub mod vllm_prefixaware;
+pub mod vllm_qps;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -36,6 +41,11 @@ pub struct RequestView {
     /// Requests routed per second for this model lately, divided by the candidates: how many
     /// arrive at an endpoint per second (0 when unknown).
     pub arrivals_per_endpoint_s: f64,
+    /// The prompt's chained block hashes, in order; filled only for policies that keep their own
+    /// prefix tree ([`Policy::wants_prefix_blocks`]), empty otherwise.
+    pub prefix_blocks: Arc<[u64]>,
+    /// Tokens per block of `prefix_blocks` (0 when they are not filled).
+    pub block_size_tokens: u32,
 }
 
 /// The engine's own view of its load, scraped from its metrics; present only while fresh.
@@ -76,6 +86,9 @@ pub struct CandidateView {
     pub matched_tokens: u64,
     /// Of `matched_tokens`, those the engine's KV events confirmed (the rest are predictions).
     pub confirmed_tokens: u64,
+    /// Tokens of the prompt prefix held there in any tier (GPU or offloaded), each counted in
+    /// full: what a cache lookup that ignores the tier (LMCache's) would report.
+    pub held_tokens: u64,
     /// The endpoint's prefill speed (configured or learned), prompt tokens per second, > 0.
     pub prefill_tokens_per_s: f64,
     /// The engine's scraped load, when fresh (`None` when stale, missing or not scraped: the
@@ -133,6 +146,11 @@ impl Ranking {
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The name used in config and metrics.
     fn name(&self) -> &'static str;
+    /// Whether the policy needs [`RequestView::prefix_blocks`] (it keeps its own prefix tree);
+    /// default false, so other policies do not pay for the copy.
+    fn wants_prefix_blocks(&self) -> bool {
+        false
+    }
     /// Ranks `candidates` (non-empty) for `request`.
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking;
 }
@@ -169,6 +187,11 @@ pub fn build(config: &PolicyConfig) -> Arc<dyn Policy> {
         PolicyName::PrefixAffinity => Arc::new(prefix_affinity::PrefixAffinity::new(config)),
         PolicyName::CacheLoadScore => Arc::new(cache_load_score::CacheLoadScore::new(config)),
         PolicyName::SglangCacheAware => Arc::new(sglang::SglangCacheAware::new(config)),
+        PolicyName::SglangCacheAwareIndex => {
+            Arc::new(sglang_index::SglangCacheAwareIndex::new(config))
+        }
+        PolicyName::VllmPrefixAware => Arc::new(vllm_prefixaware::VllmPrefixAware::new(config)),
+        PolicyName::VllmKvAware => Arc::new(vllm_kvaware::VllmKvAware::new(config)),
         PolicyName::PredictedTtft => Arc::new(predicted_ttft::PredictedTtft::new(config)),
         PolicyName::WeightedScorers => Arc::new(composed::weighted_scorers(config)),
     }
@@ -236,6 +259,7 @@ pub(crate) mod testing {
             max_in_flight: None,
             matched_tokens: 0,
             confirmed_tokens: 0,
+            held_tokens: 0,
             prefill_tokens_per_s: 10_000.0,
             engine: None,
             ttft_residual_ms: 0.0,
@@ -250,12 +274,22 @@ pub(crate) mod testing {
         }
     }
 
+    /// `candidate` with `held` prompt tokens held in some tier (and as many matched).
+    pub fn held(port: u16, requests: u64, tokens: u64, held: u64) -> CandidateView {
+        CandidateView {
+            held_tokens: held,
+            ..cached(port, requests, tokens, held)
+        }
+    }
+
     /// A request of `prompt` tokens.
     pub fn request(prompt: u64) -> RequestView {
         RequestView {
             prompt_tokens: prompt,
             max_tokens: None,
             arrivals_per_endpoint_s: 0.0,
+            prefix_blocks: Arc::from(Vec::new()),
+            block_size_tokens: 0,
         }
     }
 
@@ -265,5 +299,27 @@ pub(crate) mod testing {
         seen.sort_unstable();
         assert_eq!(seen, (0..n).collect::<Vec<_>>(), "{ranking:?}");
         assert_eq!(ranking.scores.len(), n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The name a config parses, the name metrics use and the built policy's own name agree for
+    /// every policy (a policy whose config spelling differs from its label cannot be selected
+    /// by the name the docs give).
+    #[test]
+    fn every_policy_answers_to_its_config_name() {
+        assert_eq!(PolicyName::ALL.len(), 10);
+        for name in PolicyName::ALL {
+            let parsed: PolicyName = serde_norway::from_str(name.as_str()).unwrap();
+            assert_eq!(parsed, name);
+            let config = PolicyConfig {
+                name,
+                ..PolicyConfig::default()
+            };
+            assert_eq!(build(&config).name(), name.as_str());
+        }
     }
 }

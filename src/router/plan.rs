@@ -275,6 +275,7 @@ pub(crate) fn plan(
             matched_tokens: ((weighted_blocks(m, weights) * block as f64) as u64)
                 .min(prefix.tokens),
             confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
+            held_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
             prefill_tokens_per_s: speed,
             engine,
             ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
@@ -285,6 +286,12 @@ pub(crate) fn plan(
         max_tokens: request.max_tokens,
         arrivals_per_endpoint_s: tables.arrivals.per_s(requested, Instant::now())
             / candidates.len().max(1) as f64,
+        prefix_blocks: if state.policy.wants_prefix_blocks() {
+            Arc::from(prefix.block_hashes.as_slice())
+        } else {
+            Arc::from(Vec::new())
+        },
+        block_size_tokens: prefix.block_size_tokens,
     };
     let ranking = state.policy.rank(&view, &candidates);
     let keep = 1 + config.routing.fallback_endpoints;

@@ -660,6 +660,8 @@ impl Default for AnalysisSpec {
                 "prefix-affinity".into(),
                 "cache-load-score".into(),
                 "sglang-cache-aware".into(),
+                "vllm-prefix-aware".into(),
+                "vllm-kv-aware".into(),
                 "weighted-scorers".into(),
             ],
             affinity: "prefix-affinity".into(),
