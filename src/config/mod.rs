@@ -7,11 +7,13 @@
 //!
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
+mod admin;
 mod discovery;
 mod health;
 mod kv_events;
 mod load;
 mod policy;
+mod traces;
 mod validate;
 pub mod watch;
 
@@ -20,6 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
@@ -32,6 +35,7 @@ pub use policy::{
     SaturationConfig, ScorerName, SglangConfig, TieBreakName, WeightedScorer,
     WeightedScorersConfig,
 };
+pub use traces::TracingConfig;
 pub use validate::ConfigError;
 
 /// The whole router configuration, as read from one YAML file.
@@ -63,6 +67,10 @@ pub struct Config {
     pub health: HealthConfig,
     /// How engines' KV events are trusted (where they come from is per pool: `pools[].kv_events`).
     pub kv_events: KvEventsConfig,
+    /// OpenTelemetry traces of routing decisions (off by default). Read at start-up.
+    pub tracing: TracingConfig,
+    /// Access to the admin APIs (default: no authentication). Read at start-up.
+    pub admin: AdminConfig,
 }
 
 /// Debugging aids (off by default).

@@ -131,6 +131,8 @@ impl Config {
         self.load.validate(&mut errors);
         self.health.validate(&mut errors);
         errors.0.extend(self.validate_kv_events());
+        self.tracing.validate(&mut errors);
+        self.admin.validate(&mut errors);
         errors.0
     }
 

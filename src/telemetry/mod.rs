@@ -3,6 +3,7 @@
 //! Metric handles are registered once; the hot path only increments them. Labels are endpoint
 //! addresses, policy names and status codes: never prompt text.
 
+mod gie;
 mod signals;
 
 use std::time::Duration;
@@ -15,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use gie::{GieMetrics, GieOutcome};
 pub use signals::SignalMetrics;
 
 use crate::config::LogFormat;
@@ -85,6 +87,8 @@ pub struct Metrics {
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
+    /// The same facts under the Gateway API Inference Extension's names (own registry).
+    pub gie: GieMetrics,
     scrape_lock: Mutex<()>,
 }
 
@@ -164,6 +168,7 @@ impl Metrics {
         let signals = SignalMetrics::register(&mut registry);
         Metrics {
             signals,
+            gie: GieMetrics::new(),
             registry,
             decisions,
             decision_seconds,
@@ -263,6 +268,7 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        self.gie.render(endpoints, &mut out);
         out
     }
 }
