@@ -59,17 +59,31 @@ clean:
 test-vllm: envoy
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) ./scripts/test-vllm.sh
 
-.PHONY: bench bench-full
+.PHONY: bench bench-full bench-validate bench-replay
 
-## The quick policy benchmark (kvbench, see docs/bench.md): report in bench-out/quick/report.md.
-## BENCH_ARGS passes more flags, e.g. BENCH_ARGS='--policy least-loaded --workload unique'.
+## The quick policy benchmark (kvbench, see docs/bench.md): 5 report seeds per cell, verdicts with
+## confidence intervals; report in bench-out/quick/report.md. BENCH_ARGS passes more flags, e.g.
+## BENCH_ARGS='--policy least-loaded --workload unique' or '--seed-set tuning' while tuning.
 bench: release envoy tokenizers
 	target/release/kvbench run --plan quick --out bench-out/quick \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
-## Every workload and scenario, longer runs: report in bench-out/full/report.md.
+## Every workload and scenario on the small-cache fleet, 5 seeds: bench-out/full/report.md.
 bench-full: release envoy tokenizers
 	target/release/kvbench run --plan full --out bench-out/full \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+## A small plan that checks the bench's machinery (5 tuning seeds, 2 workloads, 3 policies).
+bench-validate: release envoy tokenizers
+	target/release/kvbench run --plan validate --out bench-out/validate --no-overhead \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+## The Mooncake conversation trace (../shared/traces) through every policy: bench-out/replay.
+## TRACE=FILE replays a trace of your own in the same format.
+TRACE ?= mooncake-conversation.jsonl
+bench-replay: release envoy tokenizers
+	target/release/kvbench replay --trace $(TRACE) --start-s 600 --duration-s 300 --speedup 2 \
+		--out bench-out/replay --no-overhead \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
 .PHONY: deploy-check image-check kubectl container-tools

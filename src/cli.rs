@@ -24,10 +24,14 @@ pub struct Cli {
 pub enum Command {
     /// Run the ext_proc gRPC server and the admin HTTP server.
     Serve(ServeArgs),
-    /// Validate a config file and print a summary; exit status 1 if it is invalid.
+    /// Validate a config file and print a summary; exit status 1 if it is invalid. The endpoint
+    /// picker's flags (`--pool-name`, ...) are applied first, as `serve` applies them.
     CheckConfig {
         /// The YAML config file.
         file: PathBuf,
+        /// The reference endpoint picker's flags.
+        #[command(flatten)]
+        picker: crate::serve::picker::PickerFlags,
     },
     /// Print an Envoy 1.40 bootstrap config that attaches kvrouter (see docs/envoy.md).
     EnvoyConfig(EnvoyArgs),
@@ -102,7 +106,7 @@ pub struct EnvoyArgs {
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, picker } => check_config(&file, &picker),
         Command::Explain(a) => explain(a),
         Command::EnvoyConfig(a) => {
             let options = crate::envoyconf::EnvoyOptions {
@@ -246,9 +250,13 @@ fn explanation_text(v: &serde_json::Value) -> String {
     }
 }
 
-fn check_config(file: &std::path::Path) -> ExitCode {
-    let loaded = Config::load(file)
-        .map_err(|e| e.to_string())
+fn check_config(file: &std::path::Path, picker: &crate::serve::picker::PickerFlags) -> ExitCode {
+    let loaded = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))
+        .and_then(|text| {
+            Config::parse_adjust_validate(&text, &file.display().to_string(), |c| picker.apply(c))
+                .map_err(|e| e.to_string())
+        })
         .and_then(|config| {
             // Tokenizer files named by the config must load too (errors name the field).
             let base = file.parent().unwrap_or(std::path::Path::new("."));
@@ -273,6 +281,23 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                 models.join(", "),
                 config.policy.name.as_str()
             );
+            for pool in &config.pools {
+                if let Some(k) = &pool.kubernetes {
+                    let pods = match (&k.inference_pool, &k.label_selector) {
+                        (Some(p), _) => format!("the pods of InferencePool {p}"),
+                        (None, Some(s)) => {
+                            format!("the pods matching {s:?} on port {}", k.port.unwrap_or(0))
+                        }
+                        _ => "nothing".into(),
+                    };
+                    println!(
+                        "pool {}: {pods} in namespace {}, models: {}",
+                        pool.name,
+                        k.namespace.as_deref().unwrap_or("(the pod's own)"),
+                        pool.models.join(", ")
+                    );
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -115,27 +115,121 @@ fn sidecar_config_is_valid_and_matches_the_bootstrap() {
     );
 }
 
+/// The picker container's args and probes from `overlays/inferencepool/picker.yaml`, with the
+/// `$(NAMESPACE)` the kubelet substitutes set to the overlay's namespace.
+fn picker_container() -> serde_norway::Value {
+    let patch: serde_norway::Value =
+        serde_norway::from_str(&read("overlays/inferencepool/picker.yaml")).unwrap();
+    patch["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+fn picker_args() -> Vec<String> {
+    picker_container()["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .expect("string arg")
+                .replace("$(NAMESPACE)", "llm")
+        })
+        .collect()
+}
+
 #[test]
-fn inferencepool_config_lacks_only_the_pool_discovery() {
-    // The picker's endpoints come from the InferencePool named by --pool-name; until kvrouter's
-    // config can say so, the only complaint allowed is the pool's missing endpoint source.
+fn inferencepool_picker_args_make_the_config_valid_and_match_the_manifests() {
     let text = read("overlays/inferencepool/kvrouter.yaml");
-    let config = Config::from_yaml(&text).expect("parses with kvrouter's schema");
-    let admin: SocketAddr = "0.0.0.0:9090".parse().unwrap();
-    let grpc: SocketAddr = "0.0.0.0:9002".parse().unwrap();
+    // Without the flags the pool has no endpoint source; --pool-name gives it one.
+    let bare: Vec<String> = Config::from_yaml(&text)
+        .expect("parses with kvrouter's schema")
+        .validate()
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(bare, vec!["pools: no endpoints configured"]);
+
+    let args = picker_args();
     assert_eq!(
-        config.server.grpc_listen, grpc,
-        "the gateway dials the Service"
+        args[..3],
+        ["serve", "--config", "/etc/kvrouter/kvrouter.yaml"]
     );
-    assert_eq!(config.server.admin_listen, admin);
-    assert!(config.envoy.eds_path.is_none());
-    // Today that is `pools: no endpoints configured`; once a pool can come from an InferencePool
-    // the list empties (or names the new field's absence under pools[0]).
-    let errors: Vec<String> = config.validate().iter().map(|e| e.to_string()).collect();
+    let flags = &args[3..];
+    // `kvrouter check-config` applies the same flags as `serve` and accepts the result.
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("kvrouter.yaml");
+    // The tokenizer is baked into the image; here the model routes on the byte estimate.
+    std::fs::write(
+        &config_path,
+        text.replace("    tokenizer: /var/lib/kvrouter/tokenizers/qwen3\n", ""),
+    )
+    .unwrap();
+    let out = Command::new(kvrouter_bin())
+        .arg("check-config")
+        .arg(&config_path)
+        .args(flags)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        errors
-            .iter()
-            .all(|e| e == "pools: no endpoints configured" || e.starts_with("pools[0]")),
-        "config errors beyond the pool's endpoint source: {errors:?}"
+        out.status.success(),
+        "check-config {flags:?}: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        stdout.contains("pool qwen3-8b: the pods of InferencePool qwen3-8b in namespace llm"),
+        "{stdout}"
+    );
+
+    // The mapped config, as serve sees it.
+    let mut picker = kvrouter::serve::picker::PickerFlags::default();
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().expect("every picker flag takes a value here");
+        match flag.as_str() {
+            "--pool-name" => picker.pool_name = Some(value.clone()),
+            "--pool-namespace" => picker.pool_namespace = Some(value.clone()),
+            "--grpc-port" => picker.grpc_port = Some(value.parse().unwrap()),
+            "--grpc-health-port" => picker.grpc_health_port = Some(value.parse().unwrap()),
+            "--metrics-port" => picker.metrics_port = Some(value.parse().unwrap()),
+            other => panic!("unexpected flag {other}"),
+        }
+    }
+    let config = Config::parse_adjust_validate(&text, "kvrouter.yaml", |c| picker.apply(c))
+        .expect("valid with the picker's flags");
+    let k8s = config.pools[0]
+        .kubernetes
+        .clone()
+        .expect("an InferencePool pool");
+    assert_eq!(
+        (k8s.inference_pool.as_deref(), k8s.namespace.as_deref()),
+        (Some("qwen3-8b"), Some("llm"))
+    );
+    let at = |port: u16| -> SocketAddr { SocketAddr::from(([0, 0, 0, 0], port)) };
+    assert_eq!(config.server.grpc_listen, at(9002));
+    assert_eq!(config.server.health_listen, Some(at(9003)));
+    assert_eq!(config.server.admin_listen, at(9090));
+
+    // The pool's picker port, the Service and the probes agree with those ports and the health
+    // service's name.
+    let pool: serde_norway::Value =
+        serde_norway::from_str(&read("overlays/inferencepool/inferencepool.yaml")).unwrap();
+    assert_eq!(
+        pool["metadata"]["name"].as_str(),
+        k8s.inference_pool.as_deref()
+    );
+    assert_eq!(
+        pool["spec"]["endpointPickerRef"]["port"]["number"].as_u64(),
+        Some(9002)
+    );
+    let container = picker_container();
+    assert_eq!(container["ports"][0]["containerPort"].as_u64(), Some(9003));
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let grpc = &container[probe]["grpc"];
+        assert_eq!(grpc["port"].as_u64(), Some(9003), "{probe}");
+        let service = grpc["service"].as_str().unwrap();
+        assert!(
+            kvrouter::serve::health::SERVICE_NAMES.contains(&service),
+            "{probe} asks for {service:?}"
+        );
+    }
 }

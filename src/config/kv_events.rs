@@ -353,7 +353,7 @@ impl Config {
 /// An endpoint's subscription, none, or (path of the bad field, message).
 type Resolution = Result<Option<ResolvedKvEvents>, (String, String)>;
 
-fn resolve_one(
+pub(super) fn resolve_one(
     at: &str,
     p: usize,
     pool: &super::PoolConfig,

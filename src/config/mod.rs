@@ -23,7 +23,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
-pub use discovery::{DnsConfig, EngineKind};
+pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
     check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
@@ -101,6 +101,13 @@ pub struct ServerConfig {
     /// Address of the admin HTTP server (`/healthz`, `/readyz`, `/metrics`, `/debug/*`).
     /// Default `127.0.0.1:9090`.
     pub admin_listen: SocketAddr,
+    /// Address of a gRPC server answering only the health service (`grpc.health.v1.Health`,
+    /// names `""` and `inference-extension`), for probes (`--grpc-health-port`). The health
+    /// service is also served on `grpc_listen`. Default: none.
+    pub health_listen: Option<SocketAddr>,
+    /// Serve the ext_proc port over TLS with this certificate and key (PEM files, re-read at
+    /// start only). Default: none (plaintext HTTP/2).
+    pub tls: Option<ServerTlsConfig>,
     /// How often the config file is checked for changes, in milliseconds. 0 disables hot reload.
     /// Default 1000.
     pub reload_interval_ms: u64,
@@ -120,12 +127,25 @@ impl Default for ServerConfig {
         Self {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            health_listen: None,
+            tls: None,
             reload_interval_ms: 1000,
             max_grpc_message_bytes: 64 << 20,
             log_format: LogFormat::Text,
             max_request_duration_s: 900,
         }
     }
+}
+
+/// TLS on the ext_proc port.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// The server certificate chain, PEM. Relative to the config file's directory. Required.
+    pub cert_path: std::path::PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1), PEM. Relative to the config file's
+    /// directory. Required.
+    pub key_path: std::path::PathBuf,
 }
 
 /// Log output format.
@@ -284,6 +304,10 @@ pub struct PoolConfig {
     pub dns: Option<DnsConfig>,
     /// Where the pool's engines publish KV events. Default: none (ownership from predictions).
     pub kv_events: Option<KvEventsSubscription>,
+    /// Discover the pool's endpoints from the Kubernetes API: the pods an InferencePool
+    /// selects, or a label selector's (see [`KubernetesConfig`]). A pool lists `endpoints`, or
+    /// has `dns`, or `kubernetes`. Default: none.
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 /// One model replica.
@@ -390,11 +414,22 @@ impl Config {
 
     /// Parses and validates YAML text; `origin` names it in errors.
     pub fn parse_and_validate(text: &str, origin: &str) -> Result<Config, LoadError> {
-        let config = Self::from_yaml(text).map_err(|message| LoadError::Parse {
+        Self::parse_adjust_validate(text, origin, |_| Vec::new())
+    }
+
+    /// Parses YAML text, lets `adjust` change it (command-line overrides, which report their
+    /// own problems), then validates; `origin` names the text in errors.
+    pub fn parse_adjust_validate(
+        text: &str,
+        origin: &str,
+        adjust: impl FnOnce(&mut Config) -> Vec<ConfigError>,
+    ) -> Result<Config, LoadError> {
+        let mut config = Self::from_yaml(text).map_err(|message| LoadError::Parse {
             path: origin.to_string(),
             message,
         })?;
-        let errors = config.validate();
+        let mut errors = adjust(&mut config);
+        errors.extend(config.validate());
         if errors.is_empty() {
             Ok(config)
         } else {

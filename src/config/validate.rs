@@ -65,6 +65,23 @@ impl Config {
             errors.push("server.admin_listen", "must differ from server.grpc_listen");
         }
 
+        if let Some(health) = self.server.health_listen {
+            if health.port() != 0
+                && (health == self.server.grpc_listen || health == self.server.admin_listen)
+            {
+                errors.push(
+                    "server.health_listen",
+                    "must differ from server.grpc_listen and server.admin_listen",
+                );
+            }
+        }
+        if let Some(tls) = &self.server.tls {
+            for (field, path) in [("cert_path", &tls.cert_path), ("key_path", &tls.key_path)] {
+                if path.as_os_str().is_empty() {
+                    errors.push(format!("server.tls.{field}"), "is required");
+                }
+            }
+        }
         if self.server.max_request_duration_s == 0 {
             errors.push("server.max_request_duration_s", "must be > 0");
         }
@@ -270,6 +287,22 @@ impl Config {
                         "a dns pool must list the models its endpoints serve",
                     );
                 }
+            }
+            if let Some(k8s) = &pool.kubernetes {
+                total += 1;
+                if !pool.endpoints.is_empty() || pool.dns.is_some() {
+                    errors.push(
+                        format!("{at}.kubernetes"),
+                        "a pool lists endpoints, or discovers them from dns or kubernetes: one",
+                    );
+                }
+                if pool.models.is_empty() {
+                    errors.push(
+                        format!("{at}.models"),
+                        "a kubernetes pool must list the models its endpoints serve",
+                    );
+                }
+                k8s.check(&format!("{at}.kubernetes"), |p, m| errors.push(p, m));
             }
             for (e, ep) in pool.endpoints.iter().enumerate() {
                 total += 1;

@@ -19,10 +19,32 @@ pub fn spawn_poller<F>(
     path: PathBuf,
     interval: Duration,
     initial_text: &str,
+    on_change: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut(Result<Config, LoadError>) + Send + 'static,
+{
+    spawn_poller_with(
+        path,
+        interval,
+        initial_text,
+        Config::parse_and_validate,
+        on_change,
+    )
+}
+
+/// [`spawn_poller`] with the file's text turned into a config by `load` (text, origin), e.g.
+/// [`Config::parse_adjust_validate`] with command-line overrides.
+pub fn spawn_poller_with<F, L>(
+    path: PathBuf,
+    interval: Duration,
+    initial_text: &str,
+    load: L,
     mut on_change: F,
 ) -> tokio::task::JoinHandle<()>
 where
     F: FnMut(Result<Config, LoadError>) + Send + 'static,
+    L: Fn(&str, &str) -> Result<Config, LoadError> + Send + 'static,
 {
     let mut last_hash = xxh3_64(initial_text.as_bytes());
     tokio::spawn(async move {
@@ -51,10 +73,7 @@ where
                 continue;
             }
             last_hash = hash;
-            on_change(Config::parse_and_validate(
-                &text,
-                &path.display().to_string(),
-            ));
+            on_change(load(&text, &path.display().to_string()));
         }
     })
 }

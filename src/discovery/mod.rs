@@ -7,12 +7,15 @@
 //! requests to a removed endpoint still release their share when they finish.
 //!
 //! Endpoints come from **sources**, each publishing its own list into a slot of the [`Registry`]:
-//! the static config (`static`), one DNS source per DNS pool ([`dns`]), and any other
-//! implementation of [`Discovery`] (Kubernetes). The published set is the union of the slots.
-//! [`Runner`] keeps one task per configured source.
+//! the static config (`static`), one DNS source per DNS pool ([`dns`]), one Kubernetes source
+//! per Kubernetes pool ([`kubernetes`]), and any other implementation of [`Discovery`]. The
+//! published set is the union of the slots. [`Runner`] keeps one task per configured source;
+//! [`Published`] tells which sources have published their first list.
 
 pub mod dns;
+pub mod kubernetes;
 mod source;
+mod synced;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -21,6 +24,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 pub use source::{Discovery, EndpointSink, Runner};
+pub use synced::Published;
 
 use crate::config::{EngineKind, ResolvedEndpoint};
 use crate::health::EndpointHealth;

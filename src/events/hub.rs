@@ -163,6 +163,17 @@ impl KvEvents {
         config: &Config,
         registry: &TokenizerRegistry,
     ) -> Result<(), EventsError> {
+        self.reload_with(config, &[], registry).await
+    }
+
+    /// [`Self::reload`] with the subscriptions of discovered endpoints (DNS, Kubernetes) besides
+    /// the config's own ([`Config::discovered_kv_event_subscriptions`]).
+    pub async fn reload_with(
+        &self,
+        config: &Config,
+        discovered: &[crate::config::ResolvedKvEvents],
+        registry: &TokenizerRegistry,
+    ) -> Result<(), EventsError> {
         let inner = &self.inner;
         let shared = &inner.shared;
         let settings = Settings::of(config);
@@ -171,7 +182,11 @@ impl KvEvents {
         let old = inner.by_id.load_full();
         let mut by_id: Vec<Option<Arc<EndpointEvents>>> = Vec::new();
         let mut by_socket: HashMap<KvEventsAttach, Vec<Arc<EndpointEvents>>> = HashMap::new();
-        for spec in config.kv_event_subscriptions() {
+        for spec in config
+            .kv_event_subscriptions()
+            .into_iter()
+            .chain(discovered.iter().cloned())
+        {
             let id = inner.interner.intern(spec.address);
             let rehash = Rehash {
                 model: spec.model.as_str().into(),

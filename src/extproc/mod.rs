@@ -143,19 +143,35 @@ async fn drive(
     metrics.stream_closed(stream.outcome().as_str());
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves, sweeping tickets parked longer
-/// than `max_request` meanwhile.
+/// What the caller serves beside the ext_proc service on its port: other gRPC services (the
+/// health service) and TLS. Kept apart so this module stays about ext_proc.
+#[derive(Debug, Default)]
+pub struct ServerExtras {
+    /// Other gRPC services on the same port.
+    pub routes: tonic::service::Routes,
+    /// Serve TLS (HTTP/2 over TLS, ALPN `h2`) instead of plaintext, when set.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+/// Serves `service` (and `extras`) on `listener` until `shutdown` resolves, sweeping tickets
+/// parked longer than `max_request` meanwhile.
 pub async fn serve(
     service: ExtProc,
     listener: tokio::net::TcpListener,
     max_message_bytes: usize,
     max_request: std::time::Duration,
+    extras: ServerExtras,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)));
+    if let Some(tls) = extras.tls {
+        builder = builder.tls_config(tls)?;
+    }
     let sweeper = service.spawn_sweeper(max_request);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+    let served = builder
+        .add_routes(extras.routes)
         .add_service(service.into_server(max_message_bytes))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;

@@ -183,11 +183,24 @@ impl Router {
 
     /// Brings the KV-event subscriptions in line with the config in force: starts, re-routes
     /// or stops sockets. A socket that cannot bind is an error; the others run regardless.
+    /// Discovered endpoints (DNS, Kubernetes) subscribe through their pool's `kv_events`
+    /// template: call this again when the endpoint set changes.
     pub async fn sync_events(&self) -> Result<(), EventsError> {
         let state = self.state.load();
+        let set = self.tables.registry.snapshot();
+        let discovered: Vec<(std::net::SocketAddr, &str)> = set
+            .all()
+            .iter()
+            .filter(|e| &*e.source != crate::discovery::STATIC_SOURCE)
+            .map(|e| (e.address, &*e.pool))
+            .collect();
+        let own = state.config.kv_event_subscriptions();
+        let discovered = state
+            .config
+            .discovered_kv_event_subscriptions(&discovered, &own);
         self.tables
             .events
-            .reload(&state.config, &state.tokenizers)
+            .reload_with(&state.config, &discovered, &state.tokenizers)
             .await
     }
 

@@ -65,7 +65,12 @@ impl RouterState {
             tenants: TenantSalts::from_config(&config.tenancy),
             cost: CostModel::from(&config.policy.predicted_ttft),
             tokenizing: config.models.iter().any(|m| m.tokenizer.is_some()),
-            kv_events: !config.kv_event_subscriptions().is_empty(),
+            // Discovered pools subscribe per endpoint as endpoints appear.
+            kv_events: !config.kv_event_subscriptions().is_empty()
+                || config
+                    .pools
+                    .iter()
+                    .any(|p| p.kv_events.is_some() && (p.dns.is_some() || p.kubernetes.is_some())),
             config: Arc::new(config),
             policy,
             tokenizers,

@@ -338,6 +338,7 @@ mod tests {
             prompt_tokens: Some(10),
             cached_tokens: Some(0),
             completion_tokens: Some(1),
+            bypassed: false,
         }
     }
 
@@ -348,6 +349,8 @@ mod tests {
             rate: 1.0,
             label: label.into(),
             policy: label.into(),
+            seed: 0,
+            order: 0,
             failed: None,
             stats: Some(stats),
             bound: None,
@@ -356,6 +359,8 @@ mod tests {
             cpu: CpuUse::default(),
             events: Vec::new(),
             token_mismatches: 0,
+            router_time: Vec::new(),
+            divergence: None,
             records,
             samples: Vec::new(),
         }

@@ -38,6 +38,9 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u64>,
     /// Generated tokens.
     pub completion_tokens: Option<u64>,
+    /// Sent straight to a replica, bypassing the router.
+    #[serde(default)]
+    pub bypassed: bool,
 }
 
 impl RequestRecord {

@@ -17,12 +17,18 @@
 //! - [`scenario`]: kill, restart, add, fail and stall events during a run.
 //! - [`oracle`]: the lower bound and the cross-tenant hit check, from engine tokens.
 //! - [`results`]: what a run produced, as plain data ([`results::RunResult`]).
-//! - [`stats`] / [`analysis`]: a run's numbers, and the "must show" comparisons.
+//! - [`stats`] / [`analysis`]: a run's numbers, and the single-run comparisons (hot-prefix
+//!   queues, cross-tenant hits, kill/restart).
+//! - [`verdict`]: every cell over its seeds, medians with paired bootstrap intervals, and the
+//!   subject's verdict against its best peer; [`goals`]: the plan's goals, met or not.
+//! - [`divergence`]: with several routers, how often a peer's decisions would have changed one.
 //! - [`overhead`]: router overhead (direct, Envoy alone, Envoy + kvrouter).
-//! - [`suite`]: runs a plan, policy by policy, on fresh processes.
-//! - [`report`]: JSON, Markdown and SVG output.
+//! - [`suite`]: runs a plan seed by seed, the policies of a seed in shuffled order, each on
+//!   fresh processes.
+//! - [`report`]: JSON, Markdown, SVG and PNG output.
 //!
-//! Dependencies point one way: `suite` -> `report` -> `analysis` -> `results`.
+//! Dependencies point one way: `suite` -> `report` -> `goals` / `verdict` / `analysis` ->
+//! `results`.
 //!
 //! Times are simulated unless a field says real: the replicas run `time_scale` times faster
 //! than real time and every client-side measurement is multiplied back. Router and Envoy
@@ -30,6 +36,8 @@
 
 pub mod analysis;
 pub mod client;
+pub mod divergence;
+pub mod goals;
 pub mod oracle;
 pub mod overhead;
 pub mod plan;
@@ -41,6 +49,7 @@ pub mod scenario;
 pub mod scrape;
 pub mod stats;
 pub mod suite;
+pub mod verdict;
 pub mod vocab;
 pub mod workload;
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kvbench::plan::{SeedSet, Shape, TraceSpec};
 use kvbench::{self, Plan, Report, SuiteOptions};
 use testkit::Binaries;
 
@@ -29,7 +30,11 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Print a built-in plan (quick, full, smoke) to start your own from.
+    /// Replay a request trace in the Mooncake format (`timestamp`, `input_length`,
+    /// `output_length`, `hash_ids` of 512-token blocks) through every policy of the `replay`
+    /// preset, to see which policy your traffic wants.
+    Replay(ReplayArgs),
+    /// Print a built-in plan (quick, full, smoke, validate, replay) to start your own from.
     Plan {
         /// Preset name.
         #[arg(default_value = "quick")]
@@ -38,8 +43,32 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
+struct ReplayArgs {
+    /// The trace (JSONL, Mooncake format).
+    #[arg(long)]
+    trace: String,
+    /// Start of the replayed window, seconds of trace time.
+    #[arg(long, default_value_t = 0.0)]
+    start_s: f64,
+    /// Length of the window, seconds of trace time.
+    #[arg(long, default_value_t = 300.0)]
+    duration_s: f64,
+    /// Trace time runs this many times faster.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Replicas in the fleet (of the preset's profile unless --profile).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// kvsim profile of the replicas (they need KV for the trace's inputs).
+    #[arg(long)]
+    profile: Option<String>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// A built-in plan (quick, full, smoke) or a plan YAML file.
+    /// A built-in plan (quick, full, smoke, validate, replay) or a plan YAML file.
     #[arg(long, default_value = "quick")]
     plan: String,
     /// Output directory.
@@ -61,6 +90,13 @@ struct RunArgs {
     /// Only this policy label (repeatable).
     #[arg(long = "policy")]
     policies: Vec<String>,
+    /// Seeds per cell (overrides the plan's `seeds`).
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// `tuning` or `report` (overrides the plan's `seed_set`): tune on one, report on the
+    /// other; the two seed ranges are disjoint.
+    #[arg(long, value_parser = parse_seed_set)]
+    seed_set: Option<SeedSet>,
     /// Skip the router overhead measurement.
     #[arg(long)]
     no_overhead: bool,
@@ -72,15 +108,16 @@ struct RunArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Plan { name } => match name.as_str() {
-            "quick" => print!("{}", kvbench::plan::QUICK),
-            "full" => print!("{}", kvbench::plan::FULL),
-            "smoke" => print!("{}", kvbench::plan::SMOKE),
-            other => {
-                eprintln!("kvbench: no built-in plan {other:?} (quick, full, smoke)");
+        Command::Plan { name } => match kvbench::plan::preset(&name) {
+            Some(text) => print!("{text}"),
+            None => {
+                eprintln!(
+                    "kvbench: no built-in plan {name:?} (quick, full, smoke, validate, replay)"
+                );
                 return ExitCode::from(2);
             }
         },
+        Command::Replay(args) => return replay(args),
         Command::Report { results, out } => {
             let dir =
                 out.unwrap_or_else(|| results.parent().map(PathBuf::from).unwrap_or_default());
@@ -96,13 +133,68 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run(mut args: RunArgs) -> ExitCode {
-    // Processes run in their own directories: every path they get must be absolute.
-    for p in [&mut args.out, &mut args.envoy, &mut args.tokenizers] {
-        if let Ok(abs) = std::path::absolute(&*p) {
-            *p = abs;
+fn parse_seed_set(s: &str) -> Result<SeedSet, String> {
+    match s {
+        "tuning" => Ok(SeedSet::Tuning),
+        "report" => Ok(SeedSet::Report),
+        other => Err(format!("{other:?}: expected tuning or report")),
+    }
+}
+
+fn replay(mut args: ReplayArgs) -> ExitCode {
+    if args.run.plan == "quick" {
+        args.run.plan = "replay".into();
+    }
+    let mut plan = match Plan::load(&args.run.plan) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kvbench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // An existing file is made absolute; another name is looked up as shared/traces/<name>.
+    let trace = if std::path::Path::new(&args.trace).is_file() {
+        std::path::absolute(&args.trace)
+            .map(|p| p.display().to_string())
+            .unwrap_or(args.trace.clone())
+    } else {
+        args.trace.clone()
+    };
+    let Some(w) = plan.workloads.first_mut() else {
+        eprintln!("kvbench: the plan has no workload to replay into");
+        return ExitCode::from(2);
+    };
+    let old = match &w.shape {
+        Shape::Trace(t) => t.clone(),
+        _ => TraceSpec::default(),
+    };
+    w.shape = Shape::Trace(TraceSpec {
+        path: trace,
+        start_s: args.start_s,
+        duration_s: args.duration_s,
+        speedup: args.speedup,
+        ..old
+    });
+    plan.workloads.truncate(1);
+    for g in &mut plan.fleet {
+        if let Some(p) = &args.profile {
+            g.profile = p.clone();
+            g.num_gpu_blocks = None;
         }
     }
+    if let (Some(n), Some(g)) = (args.replicas, plan.fleet.first_mut()) {
+        g.count = n;
+        plan.fleet.truncate(1);
+    }
+    let errors = plan.validate();
+    if !errors.is_empty() {
+        eprintln!("kvbench: {}", errors.join("; "));
+        return ExitCode::from(2);
+    }
+    run_plan_with(plan, args.run)
+}
+
+fn run(args: RunArgs) -> ExitCode {
     let plan = match Plan::load(&args.plan) {
         Ok(p) => p,
         Err(e) => {
@@ -110,6 +202,27 @@ fn run(mut args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    run_plan_with(plan, args)
+}
+
+fn run_plan_with(mut plan: Plan, mut args: RunArgs) -> ExitCode {
+    // Processes run in their own directories: every path they get must be absolute.
+    for p in [&mut args.out, &mut args.envoy, &mut args.tokenizers] {
+        if let Ok(abs) = std::path::absolute(&*p) {
+            *p = abs;
+        }
+    }
+    if let Some(n) = args.seeds {
+        plan.seeds = n;
+    }
+    if let Some(set) = args.seed_set {
+        plan.seed_set = set;
+    }
+    let errors = plan.validate();
+    if !errors.is_empty() {
+        eprintln!("kvbench: {}", errors.join("; "));
+        return ExitCode::from(2);
+    }
     let binaries = match Binaries::locate(args.envoy.clone()) {
         Ok(b) => b,
         Err(e) => {

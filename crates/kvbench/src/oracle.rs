@@ -4,6 +4,13 @@
 //!   any replica) could have cached, with no queueing: an infinite shared cache and an idle
 //!   replica of the fastest profile. Its TTFT is that prefill's step time (whole KV blocks,
 //!   vLLM's `num_tokens - 1` hit cap, chunked by the profile's token budget).
+//! - **Fluid bound**: a perfect router still cannot prefill faster than the whole fleet. Pool
+//!   the fleet into one server `K` times as fast as the fastest replica (`K` = the replicas'
+//!   summed speeds relative to it) and run it preemptive shortest-remaining-first on the
+//!   bound's prefill times: no schedule on `K` separate replicas has a smaller mean completion
+//!   time, and no request finishes faster than its own prefill on one idle replica, so the
+//!   larger of the two means bounds every router's mean TTFT from below. It counts the
+//!   queueing that capacity forces, which the per-request bound does not.
 //! - **Cross-tenant hits**: a request's reported `cached_tokens` beyond the longest block
 //!   prefix it shares with any *same-tenant* request that reached the *same replica* before
 //!   its first token. Such tokens can only have come from another tenant's blocks. The bound
@@ -64,6 +71,25 @@ pub fn engine_views(
         .collect()
 }
 
+/// Per request (by id, in id order), the prompt tokens in whole engine blocks that an earlier
+/// request (lower id) had as a prefix: the sharing the engine's chained hashes see.
+pub fn engine_shared_tokens(views: &[EngineView], block_size: u32) -> Vec<usize> {
+    let bs = block_size.max(1) as usize;
+    let mut seen = ahash::AHashSet::new();
+    views
+        .iter()
+        .map(|v| {
+            let prompt_blocks = &v.blocks[..(v.prompt_tokens / bs).min(v.blocks.len())];
+            let n = prompt_blocks
+                .iter()
+                .take_while(|h| seen.contains(*h))
+                .count();
+            seen.extend(prompt_blocks.iter().copied());
+            n * bs
+        })
+        .collect()
+}
+
 /// Prompt tokens a request may find cached when `matched_blocks` of its blocks are: whole
 /// blocks, capped at `prompt_tokens - 1` (vLLM always computes the last prompt token).
 pub fn hit_tokens(matched_blocks: usize, prompt_tokens: usize, block_size: usize) -> usize {
@@ -80,15 +106,68 @@ pub struct LowerBound {
     pub novel_tokens: Vec<usize>,
     /// The profile the bound assumes (the fleet's fastest).
     pub profile: String,
+    /// The fluid bound on the mean TTFT, simulated ms (see the module docs).
+    #[serde(default)]
+    pub fluid_mean_ms: f64,
+    /// The fleet's speed in units of its fastest replica.
+    #[serde(default)]
+    pub fleet_speed: f64,
+    /// Prefill utilisation a perfect router would see: the bound's prefill work over the
+    /// fleet's prefill capacity during the arrival window.
+    #[serde(default)]
+    pub prefill_utilisation: f64,
 }
 
-/// Computes the lower bound of `trace` on `profile` with prefill chunks of `chunk_tokens`.
+/// Mean completion time (from arrival) of jobs `(arrival_ms, work_ms)` on one preemptive
+/// shortest-remaining-work-first server of speed `speed`.
+pub fn srpt_mean_ms(jobs: &[(f64, f64)], speed: f64) -> f64 {
+    if jobs.is_empty() || speed <= 0.0 {
+        return 0.0;
+    }
+    let mut order: Vec<(f64, f64)> = jobs.to_vec();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Remaining work (ms at speed 1) and arrival, smallest remaining first.
+    let mut queue: Vec<(f64, f64)> = Vec::new();
+    let mut now = order[0].0;
+    let mut total = 0.0;
+    let mut next = 0;
+    while next < order.len() || !queue.is_empty() {
+        if queue.is_empty() {
+            now = now.max(order[next].0);
+        }
+        while next < order.len() && order[next].0 <= now {
+            queue.push((order[next].1, order[next].0));
+            next += 1;
+        }
+        // The job with the least remaining work runs until it ends or the next arrival.
+        let (i, _) = queue
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+            .expect("queue is not empty");
+        let finish = now + queue[i].0 / speed;
+        let arrival = order.get(next).map_or(f64::INFINITY, |j| j.0);
+        if finish <= arrival {
+            now = finish;
+            total += now - queue[i].1;
+            queue.swap_remove(i);
+        } else {
+            queue[i].0 -= (arrival - now) * speed;
+            now = arrival;
+        }
+    }
+    total / jobs.len() as f64
+}
+
+/// Computes the lower bound of `trace` on `profile` with prefill chunks of `chunk_tokens`, for
+/// a fleet `fleet_speed` times as fast as one replica of `profile`.
 pub fn lower_bound(
     trace: &Trace,
     views: &[EngineView],
     block_size: u32,
     profile: &StepProfile,
     chunk_tokens: u32,
+    fleet_speed: f64,
 ) -> LowerBound {
     let bs = block_size.max(1) as usize;
     // Arrival order: timed requests at their time, later turns after their previous turn plus
@@ -107,6 +186,9 @@ pub fn lower_bound(
         ttft_ms: vec![0.0; views.len()],
         novel_tokens: vec![0; views.len()],
         profile: profile.name.to_string(),
+        fluid_mean_ms: 0.0,
+        fleet_speed,
+        prefill_utilisation: 0.0,
     };
     for id in order {
         let v = &views[id];
@@ -116,6 +198,14 @@ pub fn lower_bound(
         out.novel_tokens[id] = novel;
         out.ttft_ms[id] = profile.prefill_ms(cached as u32, novel as u32, chunk_tokens);
         seen.extend(v.blocks.iter().copied());
+    }
+    let jobs: Vec<(f64, f64)> = (0..views.len()).map(|i| (at[i], out.ttft_ms[i])).collect();
+    let idle_mean = out.ttft_ms.iter().sum::<f64>() / views.len().max(1) as f64;
+    out.fluid_mean_ms = srpt_mean_ms(&jobs, fleet_speed).max(idle_mean);
+    let span =
+        at.iter().copied().fold(0.0, f64::max) - at.iter().copied().fold(f64::INFINITY, f64::min);
+    if span > 0.0 && fleet_speed > 0.0 {
+        out.prefill_utilisation = out.ttft_ms.iter().sum::<f64>() / (fleet_speed * span);
     }
     out
 }
@@ -199,6 +289,7 @@ mod tests {
             prompt_tokens: None,
             cached_tokens: Some(cached),
             completion_tokens: None,
+            bypassed: false,
         }
     }
 
@@ -229,7 +320,7 @@ mod tests {
         let trace = trace_of(&w, vec![ReplicaGroup::default()]);
         let views = engine_views(&trace, &WordPieceTokenizer::default(), "demo-model", 16).unwrap();
         let profile = StepProfile::builtin("l4-llama3-8b").unwrap();
-        let lb = lower_bound(&trace, &views, 16, &profile, 2048);
+        let lb = lower_bound(&trace, &views, 16, &profile, 2048, 4.0);
         let first = trace
             .requests
             .iter()
@@ -247,6 +338,20 @@ mod tests {
             );
             assert!(lb.ttft_ms[id] < lb.ttft_ms[first]);
         }
+    }
+
+    #[test]
+    fn srpt_pools_the_fleet() {
+        // Alone, a job takes its work / speed.
+        assert_eq!(srpt_mean_ms(&[(0.0, 100.0)], 2.0), 50.0);
+        // Two at once on speed 1: the short one first (10), then the long one (10 + 100).
+        assert_eq!(srpt_mean_ms(&[(0.0, 100.0), (0.0, 10.0)], 1.0), 60.0);
+        // A short arrival preempts a long job: 10 ends at 15; the long one at 110.
+        let m = srpt_mean_ms(&[(0.0, 100.0), (5.0, 10.0)], 1.0);
+        assert!((m - (110.0 + 10.0) / 2.0).abs() < 1e-9, "{m}");
+        // Overload queues: 10 jobs of 100 ms at once on speed 2 finish at 50, 100, ... 500.
+        let jobs: Vec<(f64, f64)> = (0..10).map(|_| (0.0, 100.0)).collect();
+        assert!((srpt_mean_ms(&jobs, 2.0) - 275.0).abs() < 1e-9);
     }
 
     #[test]

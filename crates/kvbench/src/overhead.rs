@@ -115,6 +115,9 @@ pub async fn measure(
                 address: replica.addr,
                 kv_events: None,
             }],
+            // Real time on both sides: this measures the mechanics, not a simulated fleet.
+            time_scale: 1.0,
+            record_decisions: None,
         },
     );
     std::fs::write(&config, yaml).map_err(|e| BenchError::Io(e.to_string()))?;

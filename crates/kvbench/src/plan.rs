@@ -18,6 +18,22 @@ pub const QUICK: &str = include_str!("plans/quick.yaml");
 pub const FULL: &str = include_str!("plans/full.yaml");
 /// A tiny plan for tests: seconds.
 pub const SMOKE: &str = include_str!("plans/smoke.yaml");
+/// A small plan that checks the machinery: five seeds on three workloads (about an hour).
+pub const VALIDATE: &str = include_str!("plans/validate.yaml");
+/// The Mooncake conversation trace replayed (`kvbench replay` starts from it).
+pub const REPLAY: &str = include_str!("plans/replay.yaml");
+
+/// The text of a built-in plan.
+pub fn preset(name: &str) -> Option<&'static str> {
+    match name {
+        "quick" => Some(QUICK),
+        "full" => Some(FULL),
+        "smoke" => Some(SMOKE),
+        "validate" => Some(VALIDATE),
+        "replay" => Some(REPLAY),
+        _ => None,
+    }
+}
 
 /// A whole benchmark.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,8 +41,31 @@ pub const SMOKE: &str = include_str!("plans/smoke.yaml");
 pub struct Plan {
     /// A name for the report. Default `bench`.
     pub name: String,
-    /// Seed of every random choice (arrivals, prompt text, prefix picks). Default 42.
+    /// Base of the seeds of every random choice (arrivals, prompt text, prefix picks, policy
+    /// order). The seeds a run uses come from it and `seed_set` (see [`Plan::seed_list`]).
+    /// Must be below 2^32. Default 42.
     pub seed: u64,
+    /// Seeds per (workload, rate, policy) cell: each seed is its own trace, and every policy
+    /// runs on it. Verdicts need at least 5. Default 1.
+    pub seeds: usize,
+    /// Which seeds: `tuning` (while tuning a policy) or `report` (the committed report); the two
+    /// ranges are disjoint, so a report never rests on the traces a policy was tuned on.
+    /// Default `report`.
+    pub seed_set: SeedSet,
+    /// Order of the policies within a seed: `shuffled` (seeded, so slow drifts of the machine
+    /// hit every policy alike) or `fixed` (the plan's order). Default `shuffled`.
+    pub policy_order: PolicyOrder,
+    /// Bootstrap resamples behind every confidence interval. Default 1000.
+    pub bootstrap_resamples: usize,
+    /// Divide every time constant of the router's config (scrape interval, staleness, TTLs,
+    /// probe intervals, half-lives; `*_ms` fields) by the time scale and multiply its speeds
+    /// (`*_per_s`), so the router lives in simulated time as the replicas do. Default true.
+    pub scale_router_time: bool,
+    /// kvrouter instances behind the one Envoy (its ext_proc cluster has one endpoint per
+    /// instance), each with its own config and KV-event subscriptions. Default 1.
+    pub routers: usize,
+    /// How Envoy spreads ext_proc streams over several routers. Default `round_robin`.
+    pub router_lb: RouterLb,
     /// Model name sent in requests and served by the replicas. Default `demo-model`.
     pub model: String,
     /// Tokenizer whose vocabulary prompt text is drawn from: a directory name under the
@@ -69,6 +108,13 @@ impl Default for Plan {
         Plan {
             name: "bench".into(),
             seed: 42,
+            seeds: 1,
+            seed_set: SeedSet::Report,
+            policy_order: PolicyOrder::Shuffled,
+            bootstrap_resamples: 1000,
+            scale_router_time: true,
+            routers: 1,
+            router_lb: RouterLb::RoundRobin,
             model: "demo-model".into(),
             tokenizer: "qwen3".into(),
             router_tokenizer: true,
@@ -86,6 +132,39 @@ impl Default for Plan {
         }
     }
 }
+
+/// The two disjoint seed ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeedSet {
+    /// `seed + i`: for tuning.
+    Tuning,
+    /// `seed + 2^32 + i`: for the report.
+    Report,
+}
+
+/// Order of the policies within a seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyOrder {
+    /// A seeded shuffle per seed and cell.
+    Shuffled,
+    /// The plan's order.
+    Fixed,
+}
+
+/// Envoy's balancing of ext_proc streams over several routers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterLb {
+    /// `ROUND_ROBIN`.
+    RoundRobin,
+    /// `LEAST_REQUEST`.
+    LeastRequest,
+}
+
+/// Offset of the `report` seeds above the `tuning` ones.
+pub const REPORT_SEED_OFFSET: u64 = 1 << 32;
 
 /// `count` replicas with the same settings (named `r0`, `r1`, ... across groups).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,8 +244,15 @@ pub struct WorkloadSpec {
     /// Requests in the trace (multi-turn: follow-up turns included). Default: the shape's
     /// natural count.
     pub requests: Option<usize>,
-    /// Output tokens per request (`max_tokens`). Default 32.
-    pub output_tokens: u32,
+    /// Output tokens per request (`max_tokens`; the simulator generates exactly this many): a
+    /// number, or a log-normal distribution `{median, sigma, min, max}`. Default 32.
+    pub output_tokens: OutputLen,
+    /// Arrivals in the first `warmup_s` simulated seconds are sent but left out of the
+    /// statistics (the steady-state window starts after them). Default 0.
+    pub warmup_s: f64,
+    /// Share of requests sent straight to a replica (round-robin over the fleet), bypassing
+    /// Envoy and the router: only KV events tell the router what they cached. 0..1. Default 0.
+    pub bypass_fraction: f64,
     /// The fleet for this workload. Default: the plan's.
     pub fleet: Option<Vec<ReplicaGroup>>,
     /// Scenario events at simulated times.
@@ -184,7 +270,9 @@ impl Default for WorkloadSpec {
             rate: 4.0,
             rates: Vec::new(),
             requests: None,
-            output_tokens: 32,
+            output_tokens: OutputLen::Fixed(32),
+            warmup_s: 0.0,
+            bypass_fraction: 0.0,
             fleet: None,
             events: Vec::new(),
             time_scale: None,
@@ -199,6 +287,56 @@ impl WorkloadSpec {
             vec![self.rate]
         } else {
             self.rates.clone()
+        }
+    }
+}
+
+/// Output length of a workload's requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OutputLen {
+    /// Every request generates this many tokens.
+    Fixed(u32),
+    /// Log-normal lengths, clamped to `min..=max`.
+    LogNormal(OutputDist),
+}
+
+/// A log-normal output length: `median * exp(sigma * z)`, z standard normal, clamped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputDist {
+    /// Median tokens.
+    pub median: f64,
+    /// Spread (standard deviation of the log). Default 0.7.
+    #[serde(default = "default_sigma")]
+    pub sigma: f64,
+    /// Fewest tokens. Default 1.
+    #[serde(default = "default_min_tokens")]
+    pub min: u32,
+    /// Most tokens. Default 2048.
+    #[serde(default = "default_max_tokens")]
+    pub max: u32,
+}
+
+fn default_sigma() -> f64 {
+    0.7
+}
+fn default_min_tokens() -> u32 {
+    1
+}
+fn default_max_tokens() -> u32 {
+    2048
+}
+
+impl OutputLen {
+    /// The mean length (fixed, or the clamped distribution's, estimated).
+    pub fn describe(&self) -> String {
+        match self {
+            OutputLen::Fixed(n) => format!("{n} output tokens"),
+            OutputLen::LogNormal(d) => format!(
+                "output tokens log-normal (median {}, sigma {}, {}..={})",
+                d.median, d.sigma, d.min, d.max
+            ),
         }
     }
 }
@@ -218,6 +356,8 @@ pub enum Shape {
     HotPrefix(HotPrefixSpec),
     /// The same system prompt under different tenants (must not share KV).
     MultiTenant(MultiTenantSpec),
+    /// A request trace in the Mooncake format, replayed.
+    Trace(TraceSpec),
 }
 
 impl Shape {
@@ -229,6 +369,7 @@ impl Shape {
             Shape::Unique(_) => "unique",
             Shape::HotPrefix(_) => "hot_prefix",
             Shape::MultiTenant(_) => "multi_tenant",
+            Shape::Trace(_) => "trace",
         }
     }
 }
@@ -362,6 +503,43 @@ impl Default for MultiTenantSpec {
     }
 }
 
+/// Parameters of `trace`: a Mooncake-format JSONL file (`timestamp` ms, `input_length`,
+/// `output_length`, `hash_ids` of 512-token blocks). Each hash id becomes the same block of text
+/// wherever it appears.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TraceSpec {
+    /// The file. A relative path is looked up from the working directory, then as
+    /// `shared/traces/<path>` in its ancestors. Required.
+    pub path: String,
+    /// Start of the replayed window, seconds of trace time. Default 0.
+    pub start_s: f64,
+    /// Length of the window, seconds of trace time. Default 600.
+    pub duration_s: f64,
+    /// Trace time runs this many times faster (arrival gaps divided by it). Default 1.
+    pub speedup: f64,
+    /// Tokens per `hash_ids` block. Default 512.
+    pub block_tokens: usize,
+    /// Most requests taken from the window. Default: all.
+    pub max_requests: Option<usize>,
+    /// Inputs longer than this are cut to it (their later blocks dropped). Default 65536.
+    pub max_input_tokens: usize,
+}
+
+impl Default for TraceSpec {
+    fn default() -> Self {
+        TraceSpec {
+            path: String::new(),
+            start_s: 0.0,
+            duration_s: 600.0,
+            speedup: 1.0,
+            block_tokens: 512,
+            max_requests: None,
+            max_input_tokens: 65_536,
+        }
+    }
+}
+
 /// A scenario event at a simulated time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -448,6 +626,29 @@ pub struct AnalysisSpec {
     pub multi_tenant: String,
     /// Kill/restart workload.
     pub kill_restart: String,
+    /// The peers the subject's verdicts are against. Empty (default): every policy whose
+    /// kvrouter `policy.name` differs from the subject's.
+    pub peers: Vec<String>,
+    /// The cell at about 50% load, where the subject's mean TTFT is held to 1.3x the fluid
+    /// lower bound. Default none.
+    pub half_load: Option<CellRef>,
+    /// The trace-replay workload set beside Dynamo's published KV-router A/B. Default none.
+    pub replay: String,
+    /// The policy the replay is compared with, as Dynamo's A/B does. Default `round-robin`.
+    pub replay_baseline: String,
+    /// A peer *melts* in a cell when its TTFT p90 (median over seeds) is at least this many
+    /// times the best policy's. Default 10.
+    pub melt_factor: f64,
+}
+
+/// One workload at one rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellRef {
+    /// Workload name.
+    pub workload: String,
+    /// Rate, requests per simulated second.
+    pub rate: f64,
 }
 
 impl Default for AnalysisSpec {
@@ -467,6 +668,11 @@ impl Default for AnalysisSpec {
             hot_prefix: String::new(),
             multi_tenant: String::new(),
             kill_restart: String::new(),
+            peers: Vec::new(),
+            half_load: None,
+            replay: String::new(),
+            replay_baseline: "round-robin".into(),
+            melt_factor: 10.0,
         }
     }
 }
@@ -474,17 +680,18 @@ impl Default for AnalysisSpec {
 impl Plan {
     /// A preset by name (`quick`, `full`, `smoke`) or a YAML file path.
     pub fn load(name_or_path: &str) -> Result<Plan, BenchError> {
-        let (text, origin) = match name_or_path {
-            "quick" => (QUICK.to_string(), "quick".to_string()),
-            "full" => (FULL.to_string(), "full".to_string()),
-            "smoke" => (SMOKE.to_string(), "smoke".to_string()),
-            path => (
-                std::fs::read_to_string(path).map_err(|e| BenchError::Plan {
-                    origin: path.into(),
-                    message: format!("cannot read: {e}"),
-                })?,
-                path.to_string(),
-            ),
+        let (text, origin) = match preset(name_or_path) {
+            Some(text) => (text.to_string(), name_or_path.to_string()),
+            None => {
+                let path = name_or_path;
+                (
+                    std::fs::read_to_string(path).map_err(|e| BenchError::Plan {
+                        origin: path.into(),
+                        message: format!("cannot read: {e}"),
+                    })?,
+                    path.to_string(),
+                )
+            }
         };
         Plan::parse(&text, &origin)
     }
@@ -515,6 +722,18 @@ impl Plan {
         }
         if self.max_concurrency == 0 {
             errors.push("max_concurrency must be > 0".into());
+        }
+        if self.seed >= REPORT_SEED_OFFSET {
+            errors.push(format!("seed must be below 2^32 (got {})", self.seed));
+        }
+        if self.seeds == 0 || self.seeds > 1000 {
+            errors.push(format!("seeds must be in 1..=1000 (got {})", self.seeds));
+        }
+        if self.bootstrap_resamples < 100 {
+            errors.push("bootstrap_resamples must be >= 100".into());
+        }
+        if self.routers == 0 || self.routers > 16 {
+            errors.push(format!("routers must be in 1..=16 (got {})", self.routers));
         }
         if self.scrape_interval_ms == 0 {
             errors.push("scrape_interval_ms must be > 0".into());
@@ -554,8 +773,26 @@ impl Plan {
                     errors.push(format!("{at}.rate must be > 0 (got {r})"));
                 }
             }
-            if w.output_tokens == 0 {
-                errors.push(format!("{at}.output_tokens must be > 0"));
+            match &w.output_tokens {
+                OutputLen::Fixed(0) => errors.push(format!("{at}.output_tokens must be > 0")),
+                OutputLen::Fixed(_) => {}
+                OutputLen::LogNormal(d) => {
+                    if !(d.median.is_finite() && d.median >= 1.0) {
+                        errors.push(format!("{at}.output_tokens.median must be >= 1"));
+                    }
+                    if !(d.sigma.is_finite() && d.sigma >= 0.0) {
+                        errors.push(format!("{at}.output_tokens.sigma must be >= 0"));
+                    }
+                    if d.min == 0 || d.min > d.max {
+                        errors.push(format!("{at}.output_tokens: need 1 <= min <= max"));
+                    }
+                }
+            }
+            if !(w.warmup_s.is_finite() && w.warmup_s >= 0.0) {
+                errors.push(format!("{at}.warmup_s must be >= 0"));
+            }
+            if !(0.0..1.0).contains(&w.bypass_fraction) {
+                errors.push(format!("{at}.bypass_fraction must be in [0, 1)"));
             }
             if w.time_scale.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
                 errors.push(format!("{at}.time_scale must be > 0"));
@@ -590,6 +827,30 @@ impl Plan {
             errors.push("workloads must list at least one workload".into());
         }
         errors
+    }
+
+    /// The seeds of every cell, in run order (see `seed` and `seed_set`).
+    pub fn seed_list(&self) -> Vec<u64> {
+        let base = match self.seed_set {
+            SeedSet::Tuning => self.seed,
+            SeedSet::Report => self.seed + REPORT_SEED_OFFSET,
+        };
+        (0..self.seeds.max(1) as u64).map(|i| base + i).collect()
+    }
+
+    /// The peers of `subject` (see [`AnalysisSpec::peers`]).
+    pub fn peers(&self) -> Vec<String> {
+        let a = &self.analysis;
+        if !a.peers.is_empty() {
+            return a.peers.clone();
+        }
+        let subject = self.policies.iter().find(|p| p.label() == a.subject);
+        self.policies
+            .iter()
+            .filter(|p| p.label() != a.subject)
+            .filter(|p| subject.is_none_or(|s| s.policy != p.policy))
+            .map(|p| p.label().to_string())
+            .collect()
     }
 
     /// The time scale of `workload`.
@@ -661,6 +922,19 @@ fn check_shape(shape: &Shape, at: &str) -> Vec<String> {
                 errors.push(format!("{at}.shape.zipf_s must be >= 0"));
             }
         }
+        Shape::Trace(s) => {
+            positive("block_tokens", s.block_tokens);
+            positive("max_input_tokens", s.max_input_tokens);
+            if s.path.trim().is_empty() {
+                errors.push(format!("{at}.shape.path must name a trace file"));
+            }
+            if !(s.speedup.is_finite() && s.speedup > 0.0) {
+                errors.push(format!("{at}.shape.speedup must be > 0"));
+            }
+            if !(s.duration_s.is_finite() && s.duration_s > 0.0 && s.start_s >= 0.0) {
+                errors.push(format!("{at}.shape: need start_s >= 0 and duration_s > 0"));
+            }
+        }
         Shape::MultiTenant(s) => {
             positive("tenants", s.tenants);
             positive("system_tokens", s.system_tokens);
@@ -681,7 +955,7 @@ mod tests {
 
     #[test]
     fn presets_parse() {
-        for name in ["quick", "full", "smoke"] {
+        for name in ["quick", "full", "smoke", "validate", "replay"] {
             let plan = Plan::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!plan.workloads.is_empty(), "{name}");
         }

@@ -5,7 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::client::RequestRecord;
+use super::divergence::Divergence;
 use super::oracle::CrossTenant;
+use super::routercfg::ScaledField;
 use super::scenario::EventRecord;
 use super::scrape::{Histogram, ReplicaSample};
 use super::stats::RunStats;
@@ -36,6 +38,15 @@ pub struct BoundRatio {
     pub mean_ratio: Option<f64>,
     /// p90 TTFT / bound p90 TTFT.
     pub p90_ratio: Option<f64>,
+    /// The fluid bound on the mean TTFT (fleet capacity included), simulated ms.
+    #[serde(default)]
+    pub fluid_mean_ms: f64,
+    /// Mean TTFT / fluid bound.
+    #[serde(default)]
+    pub fluid_ratio: Option<f64>,
+    /// The prefill utilisation a perfect router would see.
+    #[serde(default)]
+    pub prefill_utilisation: f64,
 }
 
 /// One policy on one workload at one rate.
@@ -51,6 +62,12 @@ pub struct RunResult {
     pub label: String,
     /// kvrouter's `policy.name`.
     pub policy: String,
+    /// The seed of the trace.
+    #[serde(default)]
+    pub seed: u64,
+    /// Position of the run among the policies of its seed and cell (0 = first).
+    #[serde(default)]
+    pub order: usize,
     /// Why the run did not happen or broke off; `None` when it ran.
     pub failed: Option<String>,
     /// The numbers.
@@ -68,6 +85,12 @@ pub struct RunResult {
     /// Requests whose prompt token count from the replica differs from the bench's engine
     /// tokenization (the bound and tenant checks assume they agree).
     pub token_mismatches: usize,
+    /// Router settings changed to simulated time (first router's config).
+    #[serde(default)]
+    pub router_time: Vec<ScaledField>,
+    /// With several routers: how often a peer instance's decisions would have changed one.
+    #[serde(default)]
+    pub divergence: Option<Divergence>,
     /// Every request.
     pub records: Vec<RequestRecord>,
     /// Replica metric samples.

@@ -1,6 +1,16 @@
 //! The kvrouter config of one run: the fleet as one pool, the policy under test by its exact
 //! `policy.name`, the tenancy header and tokenizer when the workload needs them, then the
 //! policy's own YAML merged over it (maps key by key; anything else replaces).
+//!
+//! **Time.** The replicas run `time_scale` times faster than real time, the router in real time.
+//! Left alone, every time constant of the router would be `time_scale` times too long in the
+//! simulated world: scraped queues `time_scale` times staler, TTLs and half-lives as long, and
+//! a policy that lives on scraped signals herds. So, unless the plan says otherwise, every
+//! duration of the router's config (a field named `*_ms`) is divided by the time scale and
+//! every speed (`*_per_s`) multiplied by it, defaults included: the router then lives in
+//! simulated time. Values a plan writes are simulated too, and scaled alike. Durations about
+//! the machine rather than the engines stay real ([`REAL_TIME_FIELDS`]: timeouts, the config
+//! reload poll); kvrouter's lower limits are kept ([`FLOORS_MS`]) and reported.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -8,6 +18,33 @@ use std::path::Path;
 use serde_norway::{Mapping, Value};
 
 use super::plan::PolicySpec;
+
+/// Duration fields about the machine (network timeouts, file polling), not the engines: never
+/// scaled.
+pub const REAL_TIME_FIELDS: &[&str] = &[
+    "timeout_ms",
+    "reload_interval_ms",
+    "refresh_ms",
+    "max_request_duration_s",
+    "retry_after_s",
+];
+
+/// kvrouter's lower limits on scaled durations (its config validation), by field path.
+pub const FLOORS_MS: &[(&str, f64)] = &[("load.scrape.interval_ms", 10.0)];
+
+/// One router setting changed by time scaling.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScaledField {
+    /// Field path, e.g. `load.scrape.interval_ms`.
+    pub path: String,
+    /// The value in simulated units (the plan's or kvrouter's default).
+    pub simulated: f64,
+    /// The value written (real units).
+    pub written: f64,
+    /// It hit one of kvrouter's lower limits, so the router runs slower than simulated time
+    /// there.
+    pub floored: bool,
+}
 
 /// One endpoint of the generated pool.
 #[derive(Debug, Clone)]
@@ -33,10 +70,19 @@ pub struct RouterInputs<'a> {
     pub eds_path: &'a Path,
     /// The endpoints.
     pub endpoints: &'a [EndpointInfo],
+    /// Divide durations by this and multiply speeds by it (1: unchanged). See the module docs.
+    pub time_scale: f64,
+    /// Keep the last N decisions (`debug.record_decisions`), if set.
+    pub record_decisions: Option<usize>,
 }
 
 /// The config YAML.
 pub fn render(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> String {
+    render_scaled(policy, inputs).0
+}
+
+/// The config YAML and the fields time scaling changed.
+pub fn render_scaled(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> (String, Vec<ScaledField>) {
     let mut root = Mapping::new();
     root.insert(
         "server".into(),
@@ -48,6 +94,11 @@ pub fn render(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> String {
         Value::String(inputs.eds_path.display().to_string()),
     );
     root.insert("envoy".into(), Value::Mapping(envoy));
+    if let Some(n) = inputs.record_decisions {
+        let mut debug = Mapping::new();
+        debug.insert("record_decisions".into(), Value::from(n as u64));
+        root.insert("debug".into(), Value::Mapping(debug));
+    }
     let mut policy_map = Mapping::new();
     policy_map.insert("name".into(), Value::String(policy.policy.clone()));
     root.insert("policy".into(), Value::Mapping(policy_map));
@@ -93,7 +144,104 @@ pub fn render(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> String {
     if let Some(extra) = &policy.router_yaml {
         merge(&mut root, extra.clone());
     }
-    serde_norway::to_string(&root).unwrap_or_default()
+    let mut scaled = Vec::new();
+    if inputs.time_scale.is_finite() && inputs.time_scale > 0.0 && inputs.time_scale != 1.0 {
+        // kvrouter's defaults of every time field, under what the run sets.
+        let mut timed = serde_norway::to_value(kvrouter::config::Config::default())
+            .map(|d| time_fields(&d).unwrap_or(Value::Null))
+            .unwrap_or(Value::Null);
+        if timed.is_mapping() {
+            merge(&mut timed, root);
+            root = timed;
+        }
+        scale_tree(&mut root, "", inputs.time_scale, &mut scaled);
+    }
+    (serde_norway::to_string(&root).unwrap_or_default(), scaled)
+}
+
+fn is_duration(key: &str) -> bool {
+    key.ends_with("_ms") && !REAL_TIME_FIELDS.contains(&key)
+}
+
+fn is_speed(key: &str) -> bool {
+    key.ends_with("_per_s")
+}
+
+/// The sub-tree of `v` holding only its time fields (durations and speeds), or `None`.
+fn time_fields(v: &Value) -> Option<Value> {
+    let Value::Mapping(m) = v else { return None };
+    let mut out = Mapping::new();
+    for (k, v) in m {
+        let key = k.as_str().unwrap_or("");
+        let keep = match v {
+            Value::Number(_) if is_duration(key) || is_speed(key) => Some(v.clone()),
+            Value::Mapping(_) => time_fields(v),
+            _ => None,
+        };
+        if let Some(v) = keep {
+            out.insert(k.clone(), v);
+        }
+    }
+    (!out.is_empty()).then_some(Value::Mapping(out))
+}
+
+/// Scales every duration and speed under `v` (sequences included, e.g. endpoints).
+fn scale_tree(v: &mut Value, path: &str, scale: f64, out: &mut Vec<ScaledField>) {
+    match v {
+        Value::Mapping(m) => {
+            for (k, v) in m.iter_mut() {
+                let key = k.as_str().unwrap_or("").to_string();
+                let at = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                if let Value::Number(n) = v {
+                    let Some(x) = n.as_f64() else { continue };
+                    let integer = n.is_u64() || n.is_i64();
+                    let (mut y, floor) = if is_duration(&key) {
+                        let floor = FLOORS_MS.iter().find(|f| f.0 == at).map(|f| f.1);
+                        (x / scale, floor)
+                    } else if is_speed(&key) {
+                        (x * scale, None)
+                    } else {
+                        continue;
+                    };
+                    let mut floored = false;
+                    if let Some(f) = floor.filter(|&f| y < f) {
+                        y = f;
+                        floored = true;
+                    }
+                    *v = if integer {
+                        // Zero often means "off": keep it; otherwise at least 1.
+                        let r = if x == 0.0 {
+                            0
+                        } else {
+                            (y.round() as u64).max(1)
+                        };
+                        y = r as f64;
+                        Value::from(r)
+                    } else {
+                        Value::from(y)
+                    };
+                    out.push(ScaledField {
+                        path: at,
+                        simulated: x,
+                        written: y,
+                        floored,
+                    });
+                } else {
+                    scale_tree(v, &at, scale, out);
+                }
+            }
+        }
+        Value::Sequence(s) => {
+            for (i, v) in s.iter_mut().enumerate() {
+                scale_tree(v, &format!("{path}[{i}]"), scale, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn yaml(text: &str) -> Value {
@@ -143,7 +291,75 @@ mod tests {
             tenant_header: Some("X-Tenant-Id"),
             eds_path: eds,
             endpoints: eps,
+            time_scale: 1.0,
+            record_decisions: None,
         }
+    }
+
+    #[test]
+    fn time_constants_follow_the_simulated_clock() {
+        let eps = vec![EndpointInfo {
+            name: "r0".into(),
+            address: "127.0.0.1:8001".parse().unwrap(),
+            kv_events: None,
+        }];
+        let policy = PolicySpec {
+            policy: "predicted-ttft".into(),
+            // A value the plan sets is simulated too.
+            router_yaml: Some(yaml("{cache_index: {prediction_ttl_ms: 60000}}")),
+            endpoint_yaml: Some(yaml("{prefill_tokens_per_s: 3000}")),
+            ..PolicySpec::default()
+        };
+        let base = Config::default();
+        let mut i = inputs(&eps, Path::new("/e"));
+        i.time_scale = 5.0;
+        i.record_decisions = Some(100);
+        let (text, fields) = render_scaled(&policy, &i);
+        let c = Config::parse_and_validate(&text, "g").unwrap();
+        assert_eq!(c.load.scrape.interval_ms, base.load.scrape.interval_ms / 5);
+        assert_eq!(
+            c.load.scrape.staleness_ms,
+            base.load.scrape.staleness_ms / 5
+        );
+        assert_eq!(c.cache_index.prediction_ttl_ms, 12_000);
+        assert_eq!(
+            c.kv_events.trusted_prediction_ttl_ms,
+            base.kv_events.trusted_prediction_ttl_ms / 5
+        );
+        assert_eq!(
+            c.health.probe.interval_ms,
+            base.health.probe.interval_ms / 5
+        );
+        assert_eq!(
+            c.health.probe.timeout_ms, base.health.probe.timeout_ms,
+            "machine time"
+        );
+        assert_eq!(c.server.reload_interval_ms, 100, "machine time");
+        let p = &c.policy.predicted_ttft;
+        let b = &base.policy.predicted_ttft;
+        assert_eq!(p.waiting_request_ms, b.waiting_request_ms / 5.0);
+        assert_eq!(
+            p.default_prefill_tokens_per_s,
+            b.default_prefill_tokens_per_s * 5.0
+        );
+        assert_eq!(c.pools[0].endpoints[0].prefill_tokens_per_s, Some(15_000.0));
+        assert_eq!(c.debug.record_decisions, 100);
+        assert!(fields.iter().any(|f| f.path == "load.scrape.staleness_ms"));
+        // At a scale that would go below kvrouter's floor, the floor holds and says so.
+        i.time_scale = 20.0;
+        let (text, fields) = render_scaled(&policy, &i);
+        let c = Config::parse_and_validate(&text, "g").unwrap();
+        assert_eq!(c.load.scrape.interval_ms, 10);
+        let f = fields
+            .iter()
+            .find(|f| f.path == "load.scrape.interval_ms")
+            .unwrap();
+        assert!(f.floored, "{f:?}");
+        // Scale 1 writes only what the run sets.
+        i.time_scale = 1.0;
+        let (text, fields) = render_scaled(&policy, &i);
+        assert!(fields.is_empty());
+        assert!(!text.contains("staleness_ms"), "{text}");
     }
 
     #[test]

@@ -27,11 +27,18 @@ pub struct RunOptions {
     pub progress: bool,
     /// Label of the progress bar.
     pub label: String,
+    /// Replica base URLs for requests that bypass the router (round-robin by request id).
+    pub direct_urls: Vec<String>,
+    /// Prefix of the `x-request-id` each request carries (`<prefix><id>`), so the router's
+    /// recorded decisions can be matched to trace requests. `None`: no header.
+    pub request_id_prefix: Option<String>,
 }
 
 struct Shared {
     client: reqwest::Client,
     url: String,
+    direct: Vec<String>,
+    request_id_prefix: Option<String>,
     model: String,
     clock: SimClock,
     permits: Arc<Semaphore>,
@@ -64,6 +71,12 @@ pub async fn run(trace: Arc<Trace>, clock: SimClock, o: &RunOptions) -> Vec<Requ
             .build()
             .unwrap_or_default(),
         url: format!("{}/v1/chat/completions", o.base_url.trim_end_matches('/')),
+        direct: o
+            .direct_urls
+            .iter()
+            .map(|u| format!("{}/v1/chat/completions", u.trim_end_matches('/')))
+            .collect(),
+        request_id_prefix: o.request_id_prefix.clone(),
         model: o.model.clone(),
         clock,
         permits: Arc::new(Semaphore::new(o.max_concurrency.max(1))),
@@ -157,6 +170,7 @@ pub async fn run(trace: Arc<Trace>, clock: SimClock, o: &RunOptions) -> Vec<Requ
                     prompt_tokens: None,
                     cached_tokens: None,
                     completion_tokens: None,
+                    bypassed: false,
                 }
             })
         })
@@ -184,6 +198,7 @@ fn spawn_request(shared: &Arc<Shared>, id: usize, scheduled_ms: f64) {
             prompt_tokens: o.prompt_tokens,
             cached_tokens: o.cached_tokens,
             completion_tokens: o.completion_tokens,
+            bypassed: req.bypass && !shared.direct.is_empty(),
         };
         let cancelled = |at: f64| {
             let o = client::Outcome {
@@ -202,12 +217,24 @@ fn spawn_request(shared: &Arc<Shared>, id: usize, scheduled_ms: f64) {
                 let sent_ms = shared.clock.now_ms();
                 let body = serde_json::to_vec(&req.body(&shared.model)).unwrap_or_default();
                 let tenant_header = shared.trace.tenant_header.as_deref();
-                let headers: Vec<(&str, &str)> = match (tenant_header, req.tenant.as_deref()) {
+                let mut headers: Vec<(&str, &str)> = match (tenant_header, req.tenant.as_deref()) {
                     (Some(h), Some(t)) => vec![(h, t)],
                     _ => Vec::new(),
                 };
+                let request_id = shared
+                    .request_id_prefix
+                    .as_ref()
+                    .map(|p| format!("{p}{id}"));
+                if let Some(rid) = &request_id {
+                    headers.push(("x-request-id", rid));
+                }
+                let url = if req.bypass && !shared.direct.is_empty() {
+                    &shared.direct[id % shared.direct.len()]
+                } else {
+                    &shared.url
+                };
                 tokio::select! {
-                    o = client::send(&shared.client, &shared.url, &headers, body) => {
+                    o = client::send(&shared.client, url, &headers, body) => {
                         record(sent_ms, shared.clock.now_ms(), o)
                     }
                     _ = cancel.wait_for(|c| *c) => cancelled(sent_ms),

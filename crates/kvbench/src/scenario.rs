@@ -66,7 +66,7 @@ impl Fleet {
 pub async fn run_events(
     events: Vec<EventSpec>,
     fleet: Arc<Mutex<Fleet>>,
-    router: Arc<Router>,
+    routers: Arc<Vec<Router>>,
     targets: Targets,
     clock: SimClock,
 ) -> Vec<EventRecord> {
@@ -85,10 +85,10 @@ pub async fn run_events(
         let (replica, result) = match e.action {
             Action::Kill | Action::Restart | Action::Add => {
                 let fleet = Arc::clone(&fleet);
-                let router = Arc::clone(&router);
+                let routers = Arc::clone(&routers);
                 let targets = Arc::clone(&targets);
                 let e2 = e.clone();
-                tokio::task::spawn_blocking(move || process_event(&e2, &fleet, &router, &targets))
+                tokio::task::spawn_blocking(move || process_event(&e2, &fleet, &routers, &targets))
                     .await
                     .unwrap_or_else(|j| (String::new(), Err(BenchError::Process(j.to_string()))))
             }
@@ -141,7 +141,7 @@ pub async fn run_events(
 fn process_event(
     e: &EventSpec,
     fleet: &Mutex<Fleet>,
-    router: &Router,
+    routers: &[Router],
     targets: &Targets,
 ) -> (String, Result<(), BenchError>) {
     let mut f = fleet.lock();
@@ -171,7 +171,7 @@ fn process_event(
                 targets.write().push((r.name.clone(), r.addr));
                 f.replicas.push(r);
                 let yaml = (f.render_router)(&f.endpoints());
-                router.rewrite_config(&yaml)
+                routers.iter().try_for_each(|r| r.rewrite_config(&yaml))
             });
             let result = result.map_err(BenchError::from);
             (name, result)

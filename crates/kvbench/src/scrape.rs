@@ -109,37 +109,65 @@ pub async fn fetch_histogram(url: &str, name: &str) -> Histogram {
         .unwrap_or_default()
 }
 
+/// The decisions kvrouter recorded (`debug.record_decisions`), as `(request id, explanation)`;
+/// empty when it records none or does not answer.
+pub async fn fetch_decisions(admin: std::net::SocketAddr) -> Vec<(String, serde_json::Value)> {
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("http://{admin}{path}"))
+                .send()
+                .await
+                .ok()?
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+        }
+    };
+    let ids: Vec<String> = get("/debug/decisions".into())
+        .await
+        .and_then(|v| serde_json::from_value(v["request_ids"].clone()).ok())
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(e) = get(format!("/debug/decisions/{id}")).await {
+            out.push((id, e));
+        }
+    }
+    out
+}
+
 /// Saves kvrouter's view at the end of a run into `dir`: `router-endpoints.json`
 /// (`/debug/endpoints`: load, learned speeds, cache index, KV-event status) and, when the run's
 /// config records decisions (`debug.record_decisions`), `router-decisions.jsonl` (one
 /// explanation per line; hashes and counts, never prompt text). Best effort: a failure only
 /// leaves the files out.
-pub async fn save_router_debug(admin: std::net::SocketAddr, dir: &std::path::Path) {
-    let get = |path: String| async move {
-        reqwest::get(format!("http://{admin}{path}"))
+/// `name` is the file prefix (`router`, `router-1`, ...). Returns the decisions.
+pub async fn save_router_debug(
+    admin: std::net::SocketAddr,
+    dir: &std::path::Path,
+    name: &str,
+) -> Vec<(String, serde_json::Value)> {
+    let endpoints = async {
+        reqwest::get(format!("http://{admin}/debug/endpoints"))
             .await
             .ok()?
             .text()
             .await
             .ok()
     };
-    if let Some(text) = get("/debug/endpoints".into()).await {
-        let _ = std::fs::write(dir.join("router-endpoints.json"), text);
+    if let Some(text) = endpoints.await {
+        let _ = std::fs::write(dir.join(format!("{name}-endpoints.json")), text);
     }
-    let ids: Vec<String> = get("/debug/decisions".into())
-        .await
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| serde_json::from_value(v["request_ids"].clone()).ok())
-        .unwrap_or_default();
-    if ids.is_empty() {
-        return;
+    let decisions = fetch_decisions(admin).await;
+    if !decisions.is_empty() {
+        let lines: String = decisions
+            .iter()
+            .map(|(id, e)| format!("{}\n", serde_json::json!({"request_id": id, "decision": e})))
+            .collect();
+        let _ = std::fs::write(dir.join(format!("{name}-decisions.jsonl")), lines);
     }
-    let mut lines = String::new();
-    for id in ids {
-        if let Some(text) = get(format!("/debug/decisions/{id}")).await {
-            lines.push_str(text.trim());
-            lines.push('\n');
-        }
-    }
-    let _ = std::fs::write(dir.join("router-decisions.jsonl"), lines);
+    decisions
 }

@@ -76,6 +76,10 @@ pub struct ReplicaStats {
     pub waiting_last_quarter: f64,
     /// Preemptions.
     pub preemptions: f64,
+    /// Simulated seconds with at least one request of this run open on it (the engine steps
+    /// whenever it holds a request: the simulated GPU's busy time).
+    #[serde(default)]
+    pub busy_s: f64,
 }
 
 /// Every number of one run except the raw records.
@@ -123,6 +127,26 @@ pub struct RunStats {
     pub warmup: Warmup,
     /// Per replica.
     pub replicas: Vec<ReplicaStats>,
+    /// The steady-state window starts at this simulated ms of arrivals (earlier arrivals are
+    /// left out of the latency, hit-rate and goodput figures).
+    #[serde(default)]
+    pub window_from_ms: f64,
+    /// Requests in the window.
+    #[serde(default)]
+    pub measured: usize,
+    /// Requests sent straight to a replica (bypassing the router).
+    #[serde(default)]
+    pub bypassed: usize,
+    /// The fleet's mean busy fraction (busy replica-seconds over replica-seconds of the run).
+    #[serde(default)]
+    pub busy_fraction: f64,
+    /// Cost: replica-seconds of the run (every replica, first send to last end) per 1,000
+    /// complete answers.
+    #[serde(default)]
+    pub replica_s_per_1k: f64,
+    /// Busy replica-seconds per 1,000 complete answers.
+    #[serde(default)]
+    pub busy_replica_s_per_1k: f64,
 }
 
 /// How a run started cold: its first fifth of requests (by send time) against the rest.
@@ -162,13 +186,23 @@ fn warmup(records: &[RequestRecord]) -> Warmup {
     }
 }
 
-/// Computes a run's numbers.
+/// Computes a run's numbers: latencies, hits and goodput over the requests scheduled from
+/// `window_from_ms` on (failures count as misses of the objective), the rest over the run;
+/// `fleet` replicas for the cost.
 pub fn run_stats(
-    records: &[RequestRecord],
+    all: &[RequestRecord],
     samples: &[ReplicaSample],
     slo_ttft_ms: f64,
     time_scale: f64,
+    window_from_ms: f64,
+    fleet: usize,
 ) -> RunStats {
+    let in_window: Vec<RequestRecord> = all
+        .iter()
+        .filter(|r| r.scheduled_ms >= window_from_ms)
+        .cloned()
+        .collect();
+    let records = &in_window[..];
     let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
     let ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_ms()).collect();
     let e2e: Vec<f64> = ok.iter().map(|r| r.e2e_ms()).collect();
@@ -199,8 +233,29 @@ pub fn run_stats(
         let kind = msg.split(':').next().unwrap_or(msg).trim().to_string();
         *error_kinds.entry(kind).or_insert(0) += 1;
     }
-    let replicas = replica_stats(records, samples);
+    let replicas = replica_stats(all, samples);
+    let (run_start, run_end) = all.iter().fold((f64::INFINITY, 0.0f64), |(a, b), r| {
+        (a.min(r.sent_ms), b.max(r.end_ms))
+    });
+    let run_s = if run_end > run_start {
+        (run_end - run_start) / 1000.0
+    } else {
+        0.0
+    };
+    let answered = all.iter().filter(|r| r.ok()).count().max(1) as f64;
+    let busy: f64 = replicas.iter().map(|r| r.busy_s).sum();
+    let fleet = fleet.max(replicas.len()).max(1) as f64;
     RunStats {
+        window_from_ms,
+        measured: records.len(),
+        bypassed: all.iter().filter(|r| r.bypassed).count(),
+        busy_fraction: if run_s > 0.0 {
+            busy / (fleet * run_s)
+        } else {
+            0.0
+        },
+        replica_s_per_1k: fleet * run_s / answered * 1000.0,
+        busy_replica_s_per_1k: busy / answered * 1000.0,
         requests: records.len(),
         ok: ok.len(),
         errors: records.len() - ok.len(),
@@ -222,19 +277,18 @@ pub fn run_stats(
         goodput_rps: good as f64 / arrivals_s,
         goodput_fraction: good as f64 / records.len().max(1) as f64,
         duration_s,
-        late: records
+        late: all
             .iter()
             .filter(|r| r.sent_ms - r.scheduled_ms > 5.0 * time_scale)
             .count(),
         lag_p99_real_ms: percentile(
-            &records
-                .iter()
+            &all.iter()
                 .map(|r| (r.sent_ms - r.scheduled_ms) / time_scale)
                 .collect::<Vec<_>>(),
             0.99,
         )
         .unwrap_or(0.0),
-        warmup: warmup(records),
+        warmup: warmup(all),
         replicas,
     }
 }
@@ -285,10 +339,30 @@ fn replica_stats(records: &[RequestRecord], samples: &[ReplicaSample]) -> Vec<Re
                 waiting_first_quarter: window(start, start + quarter),
                 waiting_last_quarter: window(last - quarter, last + 1e-9),
                 preemptions: s.last().map_or(0.0, |s| s.preemptions),
+                busy_s: busy_ms(&mine) / 1000.0,
                 replica: name,
             }
         })
         .collect()
+}
+
+/// Length of the union of the records' sent..end intervals, ms.
+pub fn busy_ms(records: &[&RequestRecord]) -> f64 {
+    let mut spans: Vec<(f64, f64)> = records.iter().map(|r| (r.sent_ms, r.end_ms)).collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut total = 0.0;
+    let mut current: Option<(f64, f64)> = None;
+    for (a, b) in spans {
+        current = match current {
+            Some((s, e)) if a <= e => Some((s, e.max(b))),
+            Some((s, e)) => {
+                total += e - s;
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    total + current.map_or(0.0, |(s, e)| e - s)
 }
 
 /// Most requests open at once among `records` (sent..end intervals).
@@ -361,6 +435,7 @@ mod tests {
             prompt_tokens: Some(100),
             cached_tokens: Some(50),
             completion_tokens: Some(10),
+            bypassed: false,
         }
     }
 
@@ -381,7 +456,7 @@ mod tests {
             rec(1, "r0", 500.0, 2000.0, 3000.0, true),
             rec(2, "r1", 1000.0, 50.0, 2000.0, false),
         ];
-        let s = run_stats(&records, &[], 1000.0, 1.0);
+        let s = run_stats(&records, &[], 1000.0, 1.0, 0.0, 2);
         assert_eq!((s.ok, s.errors), (2, 1));
         assert_eq!(s.error_kinds.get("HTTP 503"), Some(&1));
         assert_eq!(s.kv_hit_rate, Some(0.5));
@@ -395,5 +470,14 @@ mod tests {
         assert_eq!(r0.requests, 2);
         let series = in_flight_series(&records, &["r0".into(), "r1".into()], 3);
         assert_eq!(series[1], (1000.0, vec![1, 1]));
+        // r0 is busy 0..3000 (two overlapping requests), r1 1000..2000: 4 of 2 x 3 s.
+        assert_eq!(r0.busy_s, 3.0);
+        assert!((s.busy_fraction - 4.0 / 6.0).abs() < 1e-9);
+        // 2 replicas x 3 s per 2 answers.
+        assert!((s.replica_s_per_1k - 3000.0).abs() < 1e-9);
+        // The window leaves out early arrivals, not the run's cost.
+        let w = run_stats(&records, &[], 1000.0, 1.0, 400.0, 2);
+        assert_eq!((w.measured, w.ok), (2, 1));
+        assert_eq!(w.replica_s_per_1k, s.replica_s_per_1k);
     }
 }

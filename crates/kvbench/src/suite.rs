@@ -9,12 +9,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use tokio::sync::watch;
 
 use super::client::SimClock;
+use super::divergence::{self, Decision};
 use super::oracle::{self, EngineView, LowerBound};
-use super::plan::{Plan, PolicySpec, ReplicaGroup, WorkloadSpec};
-use super::report::Report;
+use super::plan::{Action, Plan, PolicyOrder, PolicySpec, ReplicaGroup, RouterLb, WorkloadSpec};
+use super::report::{Report, SharingCheck};
 use super::results::{BoundRatio, CpuUse, RunResult};
 use super::routercfg::{self, EndpointInfo, RouterInputs};
 use super::runner::{self, RunOptions};
@@ -72,6 +76,10 @@ fn replica_tokenizer_paths(dir: &Path) -> TokenizerPaths {
 }
 
 /// Runs `plan`, writing `results.json` after every run; returns the report.
+///
+/// Seed-major: for every workload and rate, each seed is its own trace, and on it every policy
+/// runs once, in an order shuffled per seed (unless the plan fixes it), so a slow drift of the
+/// machine falls on every policy alike.
 pub async fn run_plan(plan: &Plan, o: &SuiteOptions) -> Result<Report, BenchError> {
     std::fs::create_dir_all(&o.out_dir).map_err(|e| BenchError::Io(e.to_string()))?;
     let tok_dir = vocab::resolve(&plan.tokenizer, &o.tokenizers_dir)?;
@@ -89,43 +97,102 @@ pub async fn run_plan(plan: &Plan, o: &SuiteOptions) -> Result<Report, BenchErro
         .filter(|w| o.workloads.is_empty() || o.workloads.contains(&w.name))
     {
         for rate in w.run_rates() {
-            let trace = Arc::new(workload::generate(plan, w, rate, &vocab, engine.as_ref())?);
-            let fleet = plan.fleet_of(w);
-            let block_size = fleet.first().map_or(16, |g| g.block_size);
-            let views = oracle::engine_views(&trace, engine.as_ref(), &plan.model, block_size)?;
-            let (profile, chunk) = fastest(fleet);
-            let bound = oracle::lower_bound(&trace, &views, block_size, &profile, chunk);
-            report.add_workload(w, rate, &trace, &bound);
-            for policy in &policies {
-                let label = format!("{} @ {rate} req/s / {}", w.name, policy.label());
-                eprintln!("kvbench: {label}");
-                let started = Instant::now();
-                let result = run_one(
-                    plan, w, policy, &trace, &views, &bound, &tok_dir, o, block_size,
-                )
-                .await;
-                eprintln!(
-                    "kvbench:   {} in {:.1} s",
-                    match (&result.failed, &result.stats) {
-                        (Some(f), _) => format!("FAILED: {}", f.lines().next().unwrap_or("")),
-                        (None, Some(s)) => format!(
-                            "{} ok, {} errors, TTFT p50 {:.0} ms p90 {:.0} ms, hit rate {:.2}",
-                            s.ok,
-                            s.errors,
-                            s.ttft_ms.p50.unwrap_or(f64::NAN),
-                            s.ttft_ms.p90.unwrap_or(f64::NAN),
-                            s.kv_hit_rate.unwrap_or(0.0)
-                        ),
-                        _ => String::new(),
-                    },
-                    started.elapsed().as_secs_f64()
+            for seed in plan.seed_list() {
+                let trace = workload::generate(plan, w, rate, seed, &vocab, engine.as_ref())?;
+                let trace = Arc::new(trace);
+                let fleet = plan.fleet_of(w);
+                let block_size = fleet.first().map_or(16, |g| g.block_size);
+                let views = oracle::engine_views(&trace, engine.as_ref(), &plan.model, block_size)?;
+                let (profile, chunk) = fastest(fleet);
+                let bound = oracle::lower_bound(
+                    &trace,
+                    &views,
+                    block_size,
+                    &profile,
+                    chunk,
+                    fleet_speed(fleet, &profile, chunk),
                 );
-                report.runs.push(result);
-                report.write_results(&o.out_dir)?;
+                let sharing = trace
+                    .expected_shared_tokens
+                    .as_ref()
+                    .map(|expected| sharing_check(expected, &views, block_size));
+                report.add_workload(w, seed, &trace, &bound, sharing);
+                let mut order = policies.clone();
+                if plan.policy_order == PolicyOrder::Shuffled {
+                    let key = seed ^ workload::name_seed(&w.name) ^ rate.to_bits();
+                    order.shuffle(&mut StdRng::seed_from_u64(key));
+                }
+                for (position, policy) in order.iter().enumerate() {
+                    let label = format!(
+                        "{} @ {} req/s / {} / seed {seed}",
+                        w.name,
+                        trace.rate,
+                        policy.label()
+                    );
+                    eprintln!("kvbench: {label}");
+                    let started = Instant::now();
+                    let mut result = run_one(
+                        plan, w, policy, &trace, &views, &bound, &tok_dir, o, block_size,
+                    )
+                    .await;
+                    result.order = position;
+                    eprintln!(
+                        "kvbench:   {} in {:.1} s",
+                        match (&result.failed, &result.stats) {
+                            (Some(f), _) => format!("FAILED: {}", f.lines().next().unwrap_or("")),
+                            (None, Some(s)) => format!(
+                                "{} ok, {} errors, TTFT p50 {:.0} ms p90 {:.0} ms, hit rate {:.2}",
+                                s.ok,
+                                s.errors,
+                                s.ttft_ms.p50.unwrap_or(f64::NAN),
+                                s.ttft_ms.p90.unwrap_or(f64::NAN),
+                                s.kv_hit_rate.unwrap_or(0.0)
+                            ),
+                            _ => String::new(),
+                        },
+                        started.elapsed().as_secs_f64()
+                    );
+                    report.runs.push(result);
+                    report.write_results(&o.out_dir)?;
+                }
             }
         }
     }
     Ok(report)
+}
+
+/// How the engine's block sharing compares with what a replayed trace says: the trace's own
+/// shared tokens per request against the engine's (prompt blocks seen before, in order).
+fn sharing_check(expected: &[usize], views: &[EngineView], block_size: u32) -> SharingCheck {
+    let engine = oracle::engine_shared_tokens(views, block_size);
+    let prompt: usize = views.iter().map(|v| v.prompt_tokens).sum();
+    // The chat template shifts block boundaries: agreement within two engine blocks.
+    let slack = 2 * block_size as usize;
+    let agree = expected
+        .iter()
+        .zip(&engine)
+        .filter(|(t, e)| t.abs_diff(**e) <= slack)
+        .count();
+    SharingCheck {
+        requests: expected.len(),
+        agree,
+        trace_shared_tokens: expected.iter().sum(),
+        engine_shared_tokens: engine.iter().sum(),
+        prompt_tokens: prompt,
+    }
+}
+
+/// Replicas of `fleet` in units of `fastest`'s prefill speed (1000 cold tokens).
+fn fleet_speed(fleet: &[ReplicaGroup], fastest: &StepProfile, chunk: u32) -> f64 {
+    let t_fast = fastest.prefill_ms(0, 1000, chunk);
+    fleet
+        .iter()
+        .filter_map(|g| {
+            let p = StepProfile::builtin(&g.profile)?;
+            let c = g.max_num_batched_tokens.unwrap_or(p.max_num_batched_tokens);
+            Some(g.count as f64 * t_fast / p.prefill_ms(0, 1000, c))
+        })
+        .sum()
 }
 
 /// The fleet's fastest profile (by cold prefill of 1000 tokens) and its prefill chunk.
@@ -190,6 +257,8 @@ fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult
         rate,
         label: p.label().into(),
         policy: p.policy.clone(),
+        seed: 0,
+        order: 0,
         failed: Some(why),
         stats: None,
         bound: None,
@@ -198,6 +267,8 @@ fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult
         cpu: CpuUse::default(),
         events: Vec::new(),
         token_mismatches: 0,
+        router_time: Vec::new(),
+        divergence: None,
         records: Vec::new(),
         samples: Vec::new(),
     }
@@ -228,22 +299,26 @@ async fn run_one(
     block_size: u32,
 ) -> RunResult {
     let rate = trace.rate;
-    let dir = o
-        .out_dir
-        .join("runs")
-        .join(safe(&format!("{}-{rate}-{}", w.name, p.label())));
+    let dir = o.out_dir.join("runs").join(safe(&format!(
+        "{}-{rate}-{}-s{}",
+        w.name,
+        p.label(),
+        trace.seed
+    )));
     let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        return failed(w, rate, p, e.to_string());
-    }
-    match run_stack(
-        plan, w, p, trace, views, bound, tok_dir, o, block_size, &dir,
-    )
-    .await
-    {
-        Ok(r) => r,
+    let mut result = match std::fs::create_dir_all(&dir) {
         Err(e) => failed(w, rate, p, e.to_string()),
-    }
+        Ok(()) => match run_stack(
+            plan, w, p, trace, views, bound, tok_dir, o, block_size, &dir,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => failed(w, rate, p, e.to_string()),
+        },
+    };
+    result.seed = trace.seed;
+    result
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -265,8 +340,14 @@ async fn run_stack(
     let model = plan.model.clone();
     let tokenizer = plan.router_tokenizer.then(|| tok_dir.to_path_buf());
     let policy = p.clone();
-    let render_router = move |eps: &[EndpointInfo]| {
-        routercfg::render(
+    let scale = plan.time_scale_of(w);
+    let router_scale = if plan.scale_router_time { scale } else { 1.0 };
+    // Several routers: each keeps its decisions so the bench can tell how often a peer's
+    // would have changed one.
+    let record_decisions = (plan.routers > 1).then(|| trace.requests.len() + 64);
+    // Every router gets the same config (they all write the same EDS file, atomically).
+    let render_scaled = move |eps: &[EndpointInfo]| {
+        routercfg::render_scaled(
             &policy,
             &RouterInputs {
                 model: &model,
@@ -274,8 +355,15 @@ async fn run_stack(
                 tenant_header: tenant_header.as_deref(),
                 eds_path: &eds,
                 endpoints: eps,
+                time_scale: router_scale,
+                record_decisions,
             },
         )
+    };
+    let render_scaled = Arc::new(render_scaled);
+    let render_router = {
+        let r = Arc::clone(&render_scaled);
+        move |eps: &[EndpointInfo]| r(eps).0
     };
     // The policy first: a config kvrouter rejects fails this run before anything starts.
     let probe: Vec<EndpointInfo> = (0..plan.fleet_of(w).iter().map(|g| g.count).sum::<usize>())
@@ -285,14 +373,19 @@ async fn run_stack(
             kv_events: p.kv_events.then(|| format!("tcp://127.0.0.1:{}", 2 + i)),
         })
         .collect();
-    let config_path = dir.join("kvrouter.yaml");
-    std::fs::write(&config_path, render_router(&probe))
+    let config_path = |i: usize| {
+        if i == 0 {
+            dir.join("kvrouter.yaml")
+        } else {
+            dir.join(format!("kvrouter-{i}.yaml"))
+        }
+    };
+    std::fs::write(config_path(0), render_router(&probe))
         .map_err(|e| BenchError::Io(e.to_string()))?;
-    testkit::check_config(&bins.kvrouter, &config_path)?;
+    testkit::check_config(&bins.kvrouter, &config_path(0))?;
 
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
-    let scale = plan.time_scale_of(w);
     let replica_tok = plan.replica_tokenizer.then(|| tok_dir.to_path_buf());
     let make_spec = move |g: &ReplicaGroup, name: String| {
         replica_spec(&plan_c, replica_tok.as_deref(), scale, g, name, kv_events)
@@ -317,17 +410,39 @@ async fn run_stack(
         default_group: plan.fleet_of(w).first().cloned().unwrap_or_default(),
         replicas,
     };
-    std::fs::write(&config_path, (fleet.render_router)(&fleet.endpoints()))
-        .map_err(|e| BenchError::Io(e.to_string()))?;
-    let router = Arc::new(Router::start(&bins.kvrouter, dir, &config_path, "warn")?);
-    router.wait_ready().await?;
-    let envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
+    let (first_yaml, router_time) = render_scaled(&fleet.endpoints());
+    let mut routers = Vec::with_capacity(plan.routers);
+    for i in 0..plan.routers.max(1) {
+        let path = config_path(i);
+        std::fs::write(&path, &first_yaml).map_err(|e| BenchError::Io(e.to_string()))?;
+        let name_dir = if i == 0 {
+            dir.to_path_buf()
+        } else {
+            let d = dir.join(format!("router-{i}"));
+            std::fs::create_dir_all(&d).map_err(|e| BenchError::Io(e.to_string()))?;
+            d
+        };
+        routers.push(Router::start(&bins.kvrouter, &name_dir, &path, "warn")?);
+    }
+    for r in &routers {
+        r.wait_ready().await?;
+    }
+    let routers = Arc::new(routers);
+    let mut envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        extproc: router.grpc,
+        extproc: routers[0].grpc,
         replicas: kvrouter::envoyconf::Replicas::EdsFile(dir.join("eds.json")),
         ..kvrouter::envoyconf::EnvoyOptions::default()
     });
+    if routers.len() > 1 {
+        let addrs: Vec<SocketAddr> = routers.iter().map(|r| r.grpc).collect();
+        let lb = match plan.router_lb {
+            RouterLb::RoundRobin => "ROUND_ROBIN",
+            RouterLb::LeastRequest => "LEAST_REQUEST",
+        };
+        envoy_yaml = testkit::with_routers(&envoy_yaml, &addrs, lb)?;
+    }
     let envoy = Envoy::start(&bins.envoy, dir, &envoy_yaml).await?;
     let addrs: Vec<SocketAddr> = fleet.replicas.iter().map(|r| r.addr).collect();
     envoy.wait_for_hosts(&addrs).await?;
@@ -345,14 +460,14 @@ async fn run_stack(
         (
             testkit::own_cpu_s(),
             fleet.replicas.iter().map(Replica::cpu_s).sum::<f64>(),
-            router.proc.cpu_s(),
+            routers.iter().map(|r| r.proc.cpu_s()).sum::<f64>(),
             envoy.proc.cpu_s(),
         )
     };
     let before = cpu_at(&fleet.lock());
     let clock = SimClock {
         t0: Instant::now() + Duration::from_millis(100),
-        scale: plan.time_scale_of(w),
+        scale,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let scraper = tokio::spawn(scrape::scrape_replicas(
@@ -364,10 +479,11 @@ async fn run_stack(
     let events = tokio::spawn(scenario::run_events(
         w.events.clone(),
         Arc::clone(&fleet),
-        Arc::clone(&router),
+        Arc::clone(&routers),
         Arc::clone(&targets),
         clock,
     ));
+    let request_id_prefix = format!("kvb-{}-", trace.seed);
     let options = RunOptions {
         base_url: format!("http://{}", envoy.addr),
         model: plan.model.clone(),
@@ -375,6 +491,8 @@ async fn run_stack(
         drain_timeout: Duration::from_secs(plan.drain_timeout_s),
         progress: o.progress,
         label: format!("{}/{}", w.name, p.label()),
+        direct_urls: addrs.iter().map(|a| format!("http://{a}")).collect(),
+        request_id_prefix: Some(request_id_prefix.clone()),
     };
     let records = runner::run(Arc::clone(trace), clock, &options).await;
     // The load phase ends when the trace is done AND every scenario event has been executed.
@@ -389,31 +507,62 @@ async fn run_stack(
     let _ = stop_tx.send(true);
     let samples = scraper.await.unwrap_or_default();
     let after = cpu_at(&fleet.lock());
-    let decision = scrape::fetch_histogram(
-        &format!("http://{}/metrics", router.admin),
-        "kvrouter_decision_duration_seconds",
-    )
-    .await;
-    scrape::save_router_debug(router.admin, dir).await;
+    let mut decision = Histogram::default();
+    let mut decisions: Vec<Decision> = Vec::new();
+    let mut unmatched = 0;
+    for (i, r) in routers.iter().enumerate() {
+        let h = scrape::fetch_histogram(
+            &format!("http://{}/metrics", r.admin),
+            "kvrouter_decision_duration_seconds",
+        )
+        .await;
+        decision = merge_histograms(decision, h);
+        let name = if i == 0 {
+            "router".to_string()
+        } else {
+            format!("router-{i}")
+        };
+        for (rid, e) in scrape::save_router_debug(r.admin, dir, &name).await {
+            match divergence::parse(i, &rid, &request_id_prefix, &e) {
+                Some(d) => decisions.push(d),
+                None => unmatched += 1,
+            }
+        }
+    }
     drop(envoy);
     drop(fleet);
 
-    let stats = stats::run_stats(&records, &samples, plan.slo_ttft_ms, plan.time_scale_of(w));
+    let fleet_size = plan.fleet_of(w).iter().map(|g| g.count).sum::<usize>()
+        + w.events.iter().filter(|e| e.action == Action::Add).count();
+    let stats = stats::run_stats(
+        &records,
+        &samples,
+        plan.slo_ttft_ms,
+        scale,
+        w.warmup_s * 1000.0,
+        fleet_size,
+    );
     let ttft_ok: Vec<f64> = records
         .iter()
-        .filter(|r| r.ok())
+        .filter(|r| r.ok() && r.scheduled_ms >= w.warmup_s * 1000.0)
         .filter_map(|r| r.ttft_ms())
         .collect();
     let bound_ratio = {
         let m = stats::mean(&bound.ttft_ms).unwrap_or(0.0);
         let p90 = stats::percentile(&bound.ttft_ms, 0.9).unwrap_or(0.0);
+        let mean = stats::mean(&ttft_ok);
         BoundRatio {
             bound_mean_ms: m,
             bound_p90_ms: p90,
-            mean_ratio: stats::mean(&ttft_ok).filter(|_| m > 0.0).map(|v| v / m),
+            mean_ratio: mean.filter(|_| m > 0.0).map(|v| v / m),
             p90_ratio: stats::percentile(&ttft_ok, 0.9)
                 .filter(|_| p90 > 0.0)
                 .map(|v| v / p90),
+            fluid_mean_ms: bound.fluid_mean_ms,
+            fluid_ratio: mean
+                .filter(|_| bound.fluid_mean_ms > 0.0)
+                .map(|v| v / bound.fluid_mean_ms),
+            prefill_utilisation: bound.prefill_utilisation,
         }
     };
     let cross_tenant = trace
@@ -427,12 +576,28 @@ async fn run_stack(
                 .is_some_and(|n| views.get(r.id).is_some_and(|v| v.prompt_tokens as u64 != n))
         })
         .count();
+    let divergence = (routers.len() > 1).then(|| {
+        let window_ms = kvrouter::config::Config::default()
+            .cache_index
+            .prediction_ttl_ms as f64;
+        divergence::measure(
+            routers.len(),
+            &decisions,
+            unmatched,
+            &records,
+            views,
+            block_size,
+            window_ms,
+        )
+    });
     Ok(RunResult {
         workload: w.name.clone(),
         kind: w.shape.kind().into(),
         rate: trace.rate,
         label: p.label().into(),
         policy: p.policy.clone(),
+        seed: trace.seed,
+        order: 0,
         failed: None,
         stats: Some(stats),
         bound: Some(bound_ratio),
@@ -447,7 +612,29 @@ async fn run_stack(
         },
         events,
         token_mismatches,
+        router_time,
+        divergence,
         records,
         samples,
     })
+}
+
+/// The sum of two histograms with the same buckets (one of them may be empty).
+fn merge_histograms(a: Histogram, b: Histogram) -> Histogram {
+    if a.buckets.is_empty() {
+        return b;
+    }
+    if b.buckets.is_empty() || a.buckets.len() != b.buckets.len() {
+        return a;
+    }
+    Histogram {
+        buckets: a
+            .buckets
+            .iter()
+            .zip(&b.buckets)
+            .map(|(x, y)| (x.0, x.1 + y.1))
+            .collect(),
+        sum: a.sum + b.sum,
+        count: a.count + b.count,
+    }
 }

@@ -88,6 +88,32 @@ impl Vocab {
         })
     }
 
+    /// Words that are exactly one token with their leading space (`" word"`), at most
+    /// `limit`, in vocabulary order. Texts made of these and periods (`"."`, also one token)
+    /// have a known token count without tokenizing, and a block of them tokenizes the same
+    /// whatever precedes it: every piece is its own pre-token (a space-led word, or
+    /// punctuation), so byte-pair merges never cross a piece boundary.
+    pub fn single_token_words(&self, limit: usize) -> Result<Vec<String>, BenchError> {
+        let mut out = Vec::new();
+        for w in &self.words {
+            if out.len() >= limit {
+                break;
+            }
+            let piece = format!(" {w}");
+            if self.count_tokens(&piece)? == 1 {
+                out.push(piece);
+            }
+        }
+        if self.count_tokens(".")? != 1 || out.len() < 100 {
+            return Err(BenchError::Tokenizer(format!(
+                "{}: too few single-token words ({}) for trace text",
+                self.source.display(),
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
     /// Whole-word vocabulary entries available.
     pub fn word_count(&self) -> usize {
         self.words.len()
@@ -98,6 +124,14 @@ impl Vocab {
         self.tokenizer
             .encode(text, false)
             .map(|e| e.get_ids().len())
+            .map_err(|e| BenchError::Tokenizer(e.to_string()))
+    }
+
+    /// Token ids of `text` under this tokenizer (no special tokens).
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, BenchError> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
             .map_err(|e| BenchError::Tokenizer(e.to_string()))
     }
 
@@ -162,7 +196,7 @@ fn join(words: &[&str]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rand::SeedableRng;
 

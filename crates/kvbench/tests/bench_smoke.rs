@@ -1,12 +1,14 @@
-//! The benchmark tool end to end on a tiny plan: real kvsim replicas, kvrouter and Envoy on
+//! The benchmark tool end to end on tiny plans: real kvsim replicas, kvrouter and Envoy on
 //! loopback, two policies on one trace, a policy kvrouter does not know (its run fails, the
-//! bench goes on), conversation turns, a replica killed and restarted, the multi-tenant check
-//! with and without `cache_salt`, and the report files.
+//! bench goes on), conversation turns with answers of varying length, requests that bypass the
+//! router, a replica killed and restarted, the multi-tenant check with and without
+//! `cache_salt`, and the report files (goals, verdicts, SVG and PNG plots); then two routers
+//! behind one Envoy replaying a Mooncake-format trace on two seeds.
 //! Seconds, not a benchmark: nothing here asserts a latency.
 
 use std::path::PathBuf;
 
-use kvbench::plan::{PolicySpec, Shape};
+use kvbench::plan::{PolicySpec, Shape, TraceSpec, WorkloadSpec};
 use kvbench::{run_plan, Plan, SuiteOptions};
 
 fn options(out: PathBuf) -> SuiteOptions {
@@ -92,8 +94,9 @@ async fn smoke_plan_runs_every_policy_and_reports() {
                 "engine token counts agree with the replicas'"
             );
             assert!(!run.samples.is_empty(), "replica metrics were scraped");
+            // Every request the router saw was decided (bypassing ones never reach it).
             assert!(
-                run.decision.count >= s.requests as f64,
+                run.decision.count >= (s.requests - s.bypassed) as f64,
                 "router decisions counted"
             );
         }
@@ -154,12 +157,134 @@ async fn smoke_plan_runs_every_policy_and_reports() {
         "without cache_salt the check finds sharing"
     );
 
-    for f in ["results.json", "summary.json", "report.md"] {
+    // Every run on the plan's one seed; the router's clock scaled to the replicas' (the
+    // scrape interval held at kvrouter's floor at this scale, and said so).
+    let seed = plan.seed_list()[0];
+    assert!(report.runs.iter().all(|r| r.seed == seed));
+    let scaled = &run_of("shared-prefix", "least-loaded").router_time;
+    assert!(
+        scaled
+            .iter()
+            .any(|f| f.path == "load.scrape.interval_ms" && f.floored),
+        "{scaled:?}"
+    );
+    assert!(scaled.iter().any(|f| f.path == "load.scrape.staleness_ms"));
+
+    // A quarter of the shared-prefix requests went straight to a replica, and were answered.
+    let direct: Vec<_> = run_of("shared-prefix", "round-robin")
+        .records
+        .iter()
+        .filter(|r| r.bypassed)
+        .collect();
+    assert!(!direct.is_empty(), "some requests bypassed the router");
+    assert!(direct.iter().all(|r| r.ok() && r.replica.is_some()));
+
+    for f in ["results.json", "summary.json", "report.md", "runs.md"] {
         assert!(out.path().join(f).is_file(), "{f}");
     }
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
-    assert!(md.contains("| shared-prefix | 4 | least-loaded |"), "{md}");
-    assert!(md.contains("FAILED: kvrouter rejected the config"), "{md}");
-    let svgs = std::fs::read_dir(out.path().join("plots")).unwrap().count();
-    assert!(svgs >= 4, "{svgs} plots");
+    assert!(md.contains("## Goals"), "{md}");
+    assert!(md.contains("| shared-prefix | 4 | 1 | TTFT p90 | "), "{md}");
+    assert!(
+        md.contains("| no-such-policy | FAILED on every seed |"),
+        "{md}"
+    );
+    let runs_md = std::fs::read_to_string(out.path().join("runs.md")).unwrap();
+    assert!(
+        runs_md.contains("FAILED: kvrouter rejected the config"),
+        "{runs_md}"
+    );
+    let plots: Vec<String> = std::fs::read_dir(out.path().join("plots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let svg = plots.iter().filter(|p| p.ends_with(".svg")).count();
+    let png = plots.iter().filter(|p| p.ends_with(".png")).count();
+    assert!(svg >= 4 && png == svg, "{plots:?}");
+}
+
+/// Four prefix roots of three 64-token blocks, each request adding a block of its own.
+fn write_trace(path: &std::path::Path) {
+    let mut lines = String::new();
+    for i in 0..16u64 {
+        let root = i % 4;
+        let ids = [root * 10, root * 10 + 1, root * 10 + 2, 1000 + i];
+        lines.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": 4, \"hash_ids\": {:?}}}\n",
+            i * 150,
+            3 * 64 + 20 + i,
+            ids
+        ));
+    }
+    std::fs::write(path, lines).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routers_replay_a_trace_on_two_seeds() {
+    let out = tempfile::tempdir().unwrap();
+    let trace = out.path().join("trace.jsonl");
+    write_trace(&trace);
+    let mut plan = Plan::load("smoke").unwrap();
+    plan.tokenizer = testkit::shared_fixture().display().to_string();
+    plan.seeds = 2;
+    plan.routers = 2;
+    plan.workloads = vec![WorkloadSpec {
+        name: "trace".into(),
+        shape: Shape::Trace(TraceSpec {
+            path: trace.display().to_string(),
+            duration_s: 60.0,
+            block_tokens: 64,
+            ..TraceSpec::default()
+        }),
+        ..WorkloadSpec::default()
+    }];
+    plan.analysis.subject = "least-loaded".into();
+    plan.analysis.replay = "trace".into();
+    plan.analysis.shared_prefix.clear();
+    plan.analysis.multi_tenant.clear();
+    plan.analysis.kill_restart.clear();
+    let mut report = run_plan(&plan, &options(out.path().to_path_buf()))
+        .await
+        .unwrap();
+    report.finish(out.path()).unwrap();
+
+    // Two seeds x two policies, on the same trace shape.
+    assert_eq!(report.runs.len(), 4);
+    let seeds: std::collections::BTreeSet<u64> = report.runs.iter().map(|r| r.seed).collect();
+    assert_eq!(seeds.len(), 2);
+    // The text blocks reproduce the trace's sharing in the engine's own block hashes.
+    assert_eq!(report.workloads.len(), 2, "one per seed");
+    for w in &report.workloads {
+        let c = w.sharing.as_ref().expect("sharing checked");
+        assert_eq!((c.requests, c.agree), (16, 16), "{c:?}");
+        assert!(c.engine_shared_tokens > 0);
+    }
+    for run in &report.runs {
+        assert!(run.failed.is_none(), "{:?}", run.failed);
+        let s = run.stats.as_ref().unwrap();
+        assert_eq!((s.requests, s.errors), (16, 0), "{:?}", s.error_kinds);
+        assert!(s.kv_hit_rate.unwrap() > 0.2, "{:?}", s.kv_hit_rate);
+        // Both routers decided, and every decision was matched to its trace request.
+        let d = run
+            .divergence
+            .as_ref()
+            .expect("two routers: divergence measured");
+        assert_eq!(d.routers, 2);
+        assert_eq!(d.unmatched, 0, "{d:?}");
+        assert_eq!(d.per_router.iter().sum::<usize>(), 16, "{d:?}");
+        assert!(d.per_router.iter().all(|&n| n > 0), "{d:?}");
+    }
+    let cell = &report.cells[0];
+    assert_eq!(cell.seeds.len(), 2);
+    assert_eq!(cell.policies.len(), 2);
+    assert!(!cell.verdicts.is_empty());
+    assert!(
+        report
+            .goals
+            .iter()
+            .any(|g| g.goal.starts_with("trace replay")
+                && g.detail.contains("least-loaded/round-robin")),
+        "{:?}",
+        report.goals
+    );
 }

@@ -170,9 +170,106 @@ pub fn envoy_yaml(
     ))
 }
 
+/// The clusters of a rendered config that carry ext_proc streams to kvrouter (the picker's and
+/// the observer's).
+pub const EXTPROC_CLUSTERS: [&str; 2] = ["kvrouter_extproc", "kvrouter_observe"];
+
+/// Rewrites an Envoy config rendered by `kvrouter::envoyconf` so that both ext_proc clusters
+/// ([`EXTPROC_CLUSTERS`]) hold every address of `routers`, balanced with `lb_policy` (Envoy's
+/// cluster `lb_policy`: `ROUND_ROBIN`, `LEAST_REQUEST`, ...). Envoy picks an instance per gRPC
+/// stream, so a request's picker and observer streams may reach different instances.
+pub fn with_routers(
+    yaml: &str,
+    routers: &[SocketAddr],
+    lb_policy: &str,
+) -> Result<String, HarnessError> {
+    use serde_norway::Value;
+    let bad = |message: String| HarnessError::Config { message };
+    let mut root: Value =
+        serde_norway::from_str(yaml).map_err(|e| bad(format!("Envoy config: {e}")))?;
+    let endpoints: Vec<Value> = routers
+        .iter()
+        .map(|a| {
+            serde_norway::from_str(&format!(
+                "{{endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}}}",
+                a.ip(),
+                a.port()
+            ))
+            .unwrap_or(Value::Null)
+        })
+        .collect();
+    let clusters = root
+        .get_mut("static_resources")
+        .and_then(|s| s.get_mut("clusters"))
+        .and_then(Value::as_sequence_mut)
+        .ok_or_else(|| bad("no static_resources.clusters".into()))?;
+    let mut found = 0;
+    for c in clusters.iter_mut() {
+        let name = c
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if !EXTPROC_CLUSTERS.contains(&name.as_str()) {
+            continue;
+        }
+        let m = c
+            .as_mapping_mut()
+            .ok_or_else(|| bad(format!("cluster {name} is not a mapping")))?;
+        m.insert("lb_policy".into(), Value::String(lb_policy.into()));
+        let la = m
+            .get_mut("load_assignment")
+            .and_then(|l| l.get_mut("endpoints"))
+            .and_then(Value::as_sequence_mut)
+            .and_then(|e| e.first_mut())
+            .and_then(Value::as_mapping_mut)
+            .ok_or_else(|| bad(format!("cluster {name} has no load_assignment endpoints")))?;
+        la.insert("lb_endpoints".into(), Value::Sequence(endpoints.clone()));
+        found += 1;
+    }
+    if found == 0 {
+        return Err(bad("no ext_proc cluster found".into()));
+    }
+    serde_norway::to_string(&root).map_err(|e| bad(e.to_string()))
+}
+
 /// [`Envoy::start`] with the tests' Envoy; panics with its log on failure.
 pub async fn start_envoy(dir: &Path, yaml: &str) -> Envoy {
     Envoy::start(&crate::envoy_bin(), dir, yaml)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_routers_share_both_extproc_clusters() {
+        let yaml = envoyconf::render(&EnvoyOptions::default());
+        let routers: Vec<SocketAddr> = vec![
+            "127.0.0.1:7001".parse().unwrap(),
+            "127.0.0.1:7002".parse().unwrap(),
+        ];
+        let out = with_routers(&yaml, &routers, "LEAST_REQUEST").unwrap();
+        let v: serde_norway::Value = serde_norway::from_str(&out).unwrap();
+        let clusters = v["static_resources"]["clusters"].as_sequence().unwrap();
+        let ext: Vec<_> = clusters
+            .iter()
+            .filter(|c| EXTPROC_CLUSTERS.contains(&c["name"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(ext.len(), 2);
+        for c in ext {
+            assert_eq!(c["lb_policy"].as_str(), Some("LEAST_REQUEST"));
+            let eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+                .as_sequence()
+                .unwrap();
+            assert_eq!(eps.len(), 2);
+            assert_eq!(
+                eps[1]["endpoint"]["address"]["socket_address"]["port_value"].as_u64(),
+                Some(7002)
+            );
+        }
+        assert!(with_routers("a: 1", &routers, "ROUND_ROBIN").is_err());
+    }
 }

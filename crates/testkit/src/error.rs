@@ -48,6 +48,12 @@ pub enum HarnessError {
         /// How long it was polled.
         timeout: Duration,
     },
+    /// A rendered config could not be rewritten.
+    #[error("config: {message}")]
+    Config {
+        /// What was wrong.
+        message: String,
+    },
     /// kvrouter's `check-config` rejected a config; `message` is its stderr.
     #[error("kvrouter rejected the config: {message}")]
     ConfigRejected {

@@ -48,7 +48,7 @@ pub mod replica;
 pub mod router;
 pub mod stack;
 
-pub use envoy::{envoy_options, envoy_yaml, start_envoy, Envoy};
+pub use envoy::{envoy_options, envoy_yaml, start_envoy, with_routers, Envoy, EXTPROC_CLUSTERS};
 pub use error::HarnessError;
 pub use http::{
     assert_complete_stream, chat_body, completion_body, post, reply, sse_events, Reply,

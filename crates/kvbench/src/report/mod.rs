@@ -1,6 +1,6 @@
 //! The report: `results.json` (every number, every request, every sample), `summary.json` (the
-//! same without per-request records and samples), `report.md` (tables and the "must show"
-//! summary) and SVG plots.
+//! same without per-request records and samples), `report.md` (the goals, the verdicts with
+//! their confidence intervals, the cells), `runs.md` (every run), and plots as SVG and PNG.
 
 pub mod markdown;
 pub mod plots;
@@ -10,11 +10,13 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::analysis::{self, Analysis};
+use super::goals::{self, Goal};
 use super::oracle::LowerBound;
 use super::overhead::OverheadResult;
 use super::plan::{Plan, WorkloadSpec};
 use super::results::RunResult;
 use super::stats;
+use super::verdict::{self, Cell};
 use super::workload::Trace;
 use super::BenchError;
 
@@ -41,6 +43,36 @@ pub struct WorkloadInfo {
     pub events: usize,
     /// The workload's time scale.
     pub time_scale: f64,
+    /// The seed of the trace.
+    #[serde(default)]
+    pub seed: u64,
+    /// The fluid bound on the mean TTFT, simulated ms.
+    #[serde(default)]
+    pub fluid_mean_ms: f64,
+    /// The prefill utilisation a perfect router would see.
+    #[serde(default)]
+    pub prefill_utilisation: f64,
+    /// The steady-state window's start, simulated s of arrivals.
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// Trace replay: the engine's block sharing against the trace's.
+    #[serde(default)]
+    pub sharing: Option<SharingCheck>,
+}
+
+/// A replayed trace's sharing as the engine's chained block hashes see it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SharingCheck {
+    /// Requests compared.
+    pub requests: usize,
+    /// Requests whose engine-side shared prefix is within two engine blocks of the trace's.
+    pub agree: usize,
+    /// Input tokens the trace says repeat an earlier request's prefix.
+    pub trace_shared_tokens: usize,
+    /// Prompt tokens in engine blocks that repeat an earlier request's prefix.
+    pub engine_shared_tokens: usize,
+    /// Prompt tokens (chat template included).
+    pub prompt_tokens: usize,
 }
 
 /// Everything a bench produced.
@@ -58,8 +90,14 @@ pub struct Report {
     pub runs: Vec<RunResult>,
     /// Router overhead, if measured.
     pub overhead: Option<OverheadResult>,
-    /// The comparisons the plan's `analysis` asks for.
+    /// The comparisons the plan's `analysis` asks for (on the first seed's runs).
     pub analysis: Option<Analysis>,
+    /// Per workload and rate: every policy's figures over seeds and the subject's verdicts.
+    #[serde(default)]
+    pub cells: Vec<Cell>,
+    /// The goals of the plan's `analysis`, met or not, with their numbers.
+    #[serde(default)]
+    pub goals: Vec<Goal>,
 }
 
 impl Report {
@@ -75,15 +113,29 @@ impl Report {
             runs: Vec::new(),
             overhead: None,
             analysis: None,
+            cells: Vec::new(),
+            goals: Vec::new(),
         }
     }
 
-    /// Records a generated workload.
-    pub fn add_workload(&mut self, w: &WorkloadSpec, rate: f64, trace: &Trace, bound: &LowerBound) {
+    /// Records a generated workload (one per seed).
+    pub fn add_workload(
+        &mut self,
+        w: &WorkloadSpec,
+        seed: u64,
+        trace: &Trace,
+        bound: &LowerBound,
+        sharing: Option<SharingCheck>,
+    ) {
         self.workloads.push(WorkloadInfo {
             name: w.name.clone(),
             kind: w.shape.kind().into(),
-            rate,
+            rate: trace.rate,
+            seed,
+            fluid_mean_ms: bound.fluid_mean_ms,
+            prefill_utilisation: bound.prefill_utilisation,
+            warmup_s: w.warmup_s,
+            sharing,
             requests: trace.requests.len(),
             notes: trace.notes.clone(),
             bound_mean_ms: stats::mean(&bound.ttft_ms).unwrap_or(0.0),
@@ -109,7 +161,38 @@ impl Report {
     /// Computes the analysis and writes everything: `results.json`, `summary.json`,
     /// `report.md`, and the plots under `plots/`.
     pub fn finish(&mut self, dir: &Path) -> Result<(), BenchError> {
-        self.analysis = Some(analysis::analyse(&self.plan.analysis, &self.runs));
+        // The single-run analyses look at the first seed only; the verdicts at every seed.
+        let first_seed = self.plan.seed_list().first().copied();
+        let first: Vec<RunResult> = self
+            .runs
+            .iter()
+            .filter(|r| Some(r.seed) == first_seed || r.failed.is_some())
+            .cloned()
+            .collect();
+        self.analysis = Some(analysis::analyse(&self.plan.analysis, &first));
+        let peers = self.plan.peers();
+        let mut keys: Vec<(String, f64)> = Vec::new();
+        for r in &self.runs {
+            if !keys.iter().any(|k| k.0 == r.workload && k.1 == r.rate) {
+                keys.push((r.workload.clone(), r.rate));
+            }
+        }
+        let mut resampled = Vec::new();
+        self.cells.clear();
+        for (w, rate) in &keys {
+            let (cell, res) = verdict::cell(
+                &self.runs,
+                w,
+                *rate,
+                &self.plan.analysis.subject,
+                &peers,
+                self.plan.slo_ttft_ms,
+                self.plan.bootstrap_resamples,
+            );
+            self.cells.push(cell);
+            resampled.push(res);
+        }
+        self.goals = goals::evaluate(&self.plan, &self.runs, &self.cells, &resampled);
         self.write_results(dir)?;
         let mut summary = self.clone();
         for r in &mut summary.runs {
@@ -117,9 +200,17 @@ impl Report {
             r.samples.clear();
         }
         write_json(&dir.join("summary.json"), &summary)?;
-        let plots = plots::write_all(self, &dir.join("plots"))?;
+        let plots = match plots::write_all(self, &dir.join("plots")) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("kvbench: plots not drawn: {e}");
+                Vec::new()
+            }
+        };
         let md = markdown::render(self, &plots);
-        std::fs::write(dir.join("report.md"), md).map_err(|e| BenchError::Io(e.to_string()))
+        std::fs::write(dir.join("report.md"), md).map_err(|e| BenchError::Io(e.to_string()))?;
+        std::fs::write(dir.join("runs.md"), markdown::render_runs(self))
+            .map_err(|e| BenchError::Io(e.to_string()))
     }
 }
 

@@ -1,8 +1,13 @@
-//! SVG plots (plotters, SVG backend): TTFT CDF per policy, TTFT vs request rate for sweeps,
-//! per-replica load over time, and TTFT over time with scenario events.
+//! Plots as SVG and PNG (plotters; the same drawing on both backends): TTFT CDF per policy, TTFT
+//! vs request rate for sweeps, per-replica load over time, and TTFT over time with scenario
+//! events. Per-run plots show the first seed's runs. Text needs a TrueType font (PNG glyphs,
+//! and text layout in both): `$KVBENCH_FONT`, else DejaVu Sans or Liberation Sans from the
+//! system (Debian `fonts-dejavu-core`).
 
 use std::path::Path;
+use std::sync::OnceLock;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::Report;
@@ -45,12 +50,70 @@ fn safe(s: &str) -> String {
         .collect()
 }
 
+/// Font files tried for plot text, after `$KVBENCH_FONT`.
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Registers the plots' font once; the error says how to get one.
+fn ensure_font() -> Result<(), BenchError> {
+    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+    FONT.get_or_init(|| {
+        let env = std::env::var("KVBENCH_FONT").ok();
+        let candidates = env.iter().map(String::as_str).chain(FONTS.iter().copied());
+        for path in candidates {
+            if let Ok(bytes) = std::fs::read(path) {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        Err(
+            "no TrueType font for plot text: install Debian's fonts-dejavu-core or set \
+             KVBENCH_FONT to a .ttf file"
+                .to_string(),
+        )
+    })
+    .clone()
+    .map_err(BenchError::Io)
+}
+
+/// Draws one plot as `dir/<stem>.svg` and `dir/<stem>.png`; records both paths.
+fn emit(
+    dir: &Path,
+    stem: &str,
+    size: (u32, u32),
+    out: &mut Vec<String>,
+    svg: impl FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), BenchError>,
+    png: impl FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), BenchError>,
+) -> Result<(), BenchError> {
+    let svg_path = dir.join(format!("{stem}.svg"));
+    svg(SVGBackend::new(&svg_path, size).into_drawing_area())?;
+    out.push(format!("plots/{stem}.svg"));
+    let png_path = dir.join(format!("{stem}.png"));
+    png(BitMapBackend::new(&png_path, size).into_drawing_area())?;
+    out.push(format!("plots/{stem}.png"));
+    Ok(())
+}
+
 /// Writes every plot under `dir`; returns their paths relative to `dir`'s parent.
 pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
+    ensure_font()?;
     std::fs::create_dir_all(dir).map_err(err)?;
     let mut out = Vec::new();
     let mut keys: Vec<(String, f64)> = Vec::new();
-    for run in r.runs.iter().filter(|x| x.stats.is_some()) {
+    let first_seed = r.plan.seed_list().first().copied();
+    let first: Vec<&RunResult> = r
+        .runs
+        .iter()
+        .filter(|x| Some(x.seed) == first_seed && x.stats.is_some())
+        .collect();
+    for run in &first {
         if !keys.iter().any(|k| k.0 == run.workload && k.1 == run.rate) {
             keys.push((run.workload.clone(), run.rate));
         }
@@ -63,34 +126,40 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
         .collect();
     let color_of = |label: &str| color(labels.iter().position(|l| l == label).unwrap_or(9));
     for (w, rate) in &keys {
-        let runs: Vec<&RunResult> = r
-            .runs
+        let runs: Vec<&RunResult> = first
             .iter()
-            .filter(|x| &x.workload == w && x.rate == *rate && x.stats.is_some())
+            .copied()
+            .filter(|x| &x.workload == w && x.rate == *rate)
             .collect();
-        let name = format!("ttft-cdf-{}-{rate}.svg", safe(w));
-        ttft_cdf(
-            &dir.join(&name),
-            &format!("TTFT CDF: {w} at {rate} req/s"),
-            &runs,
-            &color_of,
+        let title = format!("TTFT CDF: {w} at {rate} req/s");
+        emit(
+            dir,
+            &format!("ttft-cdf-{}-{rate}", safe(w)),
+            (W, H),
+            &mut out,
+            |a| ttft_cdf(a, &title, &runs, &color_of),
+            |a| ttft_cdf(a, &title, &runs, &color_of),
         )?;
-        out.push(format!("plots/{name}"));
-        let name = format!("load-{}-{rate}.svg", safe(w));
-        load_over_time(
-            &dir.join(&name),
-            &format!("Requests in flight per replica: {w} at {rate} req/s"),
-            &runs,
+        let title = format!("Requests in flight per replica: {w} at {rate} req/s");
+        let size = (W, 60 + 260 * runs.len().max(1).div_ceil(2) as u32);
+        emit(
+            dir,
+            &format!("load-{}-{rate}", safe(w)),
+            size,
+            &mut out,
+            |a| load_over_time(a, &title, &runs),
+            |a| load_over_time(a, &title, &runs),
         )?;
-        out.push(format!("plots/{name}"));
         if runs.iter().any(|x| !x.events.is_empty()) || *w == r.plan.analysis.shared_prefix {
-            let name = format!("timeline-{}-{rate}.svg", safe(w));
-            timeline(
-                &dir.join(&name),
-                &format!("TTFT over time: {w} at {rate} req/s"),
-                &runs,
+            let title = format!("TTFT over time: {w} at {rate} req/s");
+            emit(
+                dir,
+                &format!("timeline-{}-{rate}", safe(w)),
+                size,
+                &mut out,
+                |a| timeline(a, &title, &runs),
+                |a| timeline(a, &title, &runs),
             )?;
-            out.push(format!("plots/{name}"));
         }
     }
     let mut sweeps: Vec<&str> = Vec::new();
@@ -100,19 +169,27 @@ pub fn write_all(r: &Report, dir: &Path) -> Result<Vec<String>, BenchError> {
         }
     }
     for w in sweeps {
-        let name = format!("ttft-vs-rate-{}.svg", safe(w));
-        ttft_vs_rate(&dir.join(&name), w, r, &labels)?;
-        out.push(format!("plots/{name}"));
+        emit(
+            dir,
+            &format!("ttft-vs-rate-{}", safe(w)),
+            (W, H),
+            &mut out,
+            |a| ttft_vs_rate(a, w, r, &labels),
+            |a| ttft_vs_rate(a, w, r, &labels),
+        )?;
     }
     Ok(out)
 }
 
-fn ttft_cdf(
-    path: &Path,
+fn ttft_cdf<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
     title: &str,
     runs: &[&RunResult],
     color_of: &dyn Fn(&str) -> RGBColor,
-) -> Result<(), BenchError> {
+) -> Result<(), BenchError>
+where
+    DB::ErrorType: 'static,
+{
     let series: Vec<(String, Vec<f64>)> = runs
         .iter()
         .map(|r| {
@@ -137,7 +214,6 @@ fn ttft_cdf(
         .copied()
         .fold(max, f64::min)
         .max(0.1);
-    let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     // Log scale only when TTFTs span more than a decade (plotters labels short log ranges
     // poorly).
@@ -177,17 +253,14 @@ fn ttft_cdf(
     root.present().map_err(err)
 }
 
-fn cdf_lines<'a, X>(
-    chart: &mut ChartContext<
-        'a,
-        SVGBackend<'a>,
-        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
-    >,
+fn cdf_lines<'a, DB: DrawingBackend + 'a, X>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
     series: &[(String, Vec<f64>)],
     color_of: &dyn Fn(&str) -> RGBColor,
 ) -> Result<(), BenchError>
 where
     X: Ranged<ValueType = f64>,
+    DB::ErrorType: 'static,
 {
     for (label, v) in series {
         let n = v.len().max(1) as f64;
@@ -210,12 +283,16 @@ where
         .map_err(err)
 }
 
-fn ttft_vs_rate(
-    path: &Path,
+fn ttft_vs_rate<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
     workload: &str,
     r: &Report,
     labels: &[String],
-) -> Result<(), BenchError> {
+) -> Result<(), BenchError>
+where
+    DB::ErrorType: 'static,
+{
+    let first_seed = r.plan.seed_list().first().copied();
     // (label, colour index, [(rate, p50, p90)])
     type Line = (String, usize, Vec<(f64, f64, f64)>);
     let mut lines: Vec<Line> = Vec::new();
@@ -223,7 +300,7 @@ fn ttft_vs_rate(
         let mut pts: Vec<(f64, f64, f64)> = r
             .runs
             .iter()
-            .filter(|x| x.workload == workload && &x.label == label)
+            .filter(|x| x.workload == workload && &x.label == label && Some(x.seed) == first_seed)
             .filter_map(|x| {
                 let s = x.stats.as_ref()?;
                 Some((x.rate, s.ttft_ms.p50?, s.ttft_ms.p90?))
@@ -242,7 +319,6 @@ fn ttft_vs_rate(
         .collect();
     let ymax = ys.iter().copied().fold(1.0, f64::max);
     let ymin = ys.iter().copied().fold(ymax, f64::min).max(0.1);
-    let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -298,11 +374,17 @@ fn ttft_vs_rate(
 }
 
 /// One panel per policy, one line per replica.
-fn load_over_time(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), BenchError> {
+fn load_over_time<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    runs: &[&RunResult],
+) -> Result<(), BenchError>
+where
+    DB::ErrorType: 'static,
+{
     let panels = runs.len().max(1);
     let cols = panels.min(2);
     let rows = panels.div_ceil(cols);
-    let root = SVGBackend::new(path, (W, 60 + 260 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (top, body) = root.split_vertically(40);
     top.titled(title, ("sans-serif", 20)).map_err(err)?;
@@ -366,11 +448,17 @@ fn load_over_time(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), B
 
 /// One panel per policy: TTFT of each request by send time (failures at the bottom, red), with
 /// the scenario events as vertical lines.
-fn timeline(path: &Path, title: &str, runs: &[&RunResult]) -> Result<(), BenchError> {
+fn timeline<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    runs: &[&RunResult],
+) -> Result<(), BenchError>
+where
+    DB::ErrorType: 'static,
+{
     let panels = runs.len().max(1);
     let cols = panels.min(2);
     let rows = panels.div_ceil(cols);
-    let root = SVGBackend::new(path, (W, 60 + 260 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (top, body) = root.split_vertically(40);
     top.titled(title, ("sans-serif", 20)).map_err(err)?;

@@ -26,10 +26,11 @@ pub(super) fn generate(
             id,
             start: Start::At(arrivals.next_ms()),
             messages: vec![system(&prefixes[rank]), user(cx.text(s.question_tokens)?)],
-            max_tokens: w.output_tokens,
+            max_tokens: cx.output(),
             tenant: None,
             cache_salt: None,
             group: rank,
+            bypass: false,
         });
     }
     let hot = requests.iter().filter(|r| r.group == 0).count();
@@ -38,6 +39,8 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        seed: 0,
+        expected_shared_tokens: None,
         notes: vec![format!(
             "{} prefixes, Zipf s={}; the hot prefix has {hot} of {total} requests ({:.0}%)",
             s.prefixes,

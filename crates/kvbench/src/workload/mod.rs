@@ -6,6 +6,7 @@
 mod hot_prefix;
 mod multi_tenant;
 mod multi_turn;
+pub mod replay;
 mod shared_prefix;
 mod unique;
 
@@ -15,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::plan::{Plan, ReplicaGroup, Shape, WorkloadSpec};
+use super::plan::{OutputLen, Plan, ReplicaGroup, Shape, WorkloadSpec};
 use super::vocab::Vocab;
 use super::BenchError;
 use kvsim::PromptTokenizer;
@@ -60,6 +61,8 @@ pub struct TraceRequest {
     pub cache_salt: Option<String>,
     /// Prefix group, conversation or tenant number, for analysis.
     pub group: usize,
+    /// Sent straight to a replica, bypassing Envoy and the router.
+    pub bypass: bool,
 }
 
 impl TraceRequest {
@@ -97,6 +100,11 @@ pub struct Trace {
     pub tenant_header: Option<String>,
     /// Facts about the generated trace for the report (e.g. how groups were sized).
     pub notes: Vec<String>,
+    /// The seed it was generated from.
+    pub seed: u64,
+    /// Trace replay: per request, the input tokens the trace says it shares with earlier
+    /// requests (checked against the engine's own block hashes).
+    pub expected_shared_tokens: Option<Vec<usize>>,
 }
 
 /// What a workload generator needs.
@@ -111,6 +119,10 @@ pub struct GenContext<'a> {
     pub rng: StdRng,
     /// The model name.
     pub model: &'a str,
+    /// Output lengths.
+    pub outputs: OutputSampler,
+    /// The seed of this trace (trace replay derives its block texts from it).
+    pub seed: u64,
 }
 
 impl GenContext<'_> {
@@ -129,8 +141,47 @@ impl GenContext<'_> {
             tenant: None,
             cache_salt: None,
             group: 0,
+            bypass: false,
         };
         Ok(engine_ids(self.engine, &probe, self.model)?.len())
+    }
+
+    /// The next request's output length.
+    pub fn output(&mut self) -> u32 {
+        self.outputs.sample()
+    }
+}
+
+/// Output lengths from a workload's [`OutputLen`], on their own seeded stream (so prompt text
+/// does not depend on them).
+#[derive(Debug)]
+pub struct OutputSampler {
+    spec: OutputLen,
+    rng: StdRng,
+}
+
+impl OutputSampler {
+    /// A sampler of `spec` seeded with `seed`.
+    pub fn new(spec: OutputLen, seed: u64) -> OutputSampler {
+        OutputSampler {
+            spec,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// The next length.
+    pub fn sample(&mut self) -> u32 {
+        match &self.spec {
+            OutputLen::Fixed(n) => *n,
+            OutputLen::LogNormal(d) => {
+                // Box-Muller: one standard normal from two uniforms.
+                let u1: f64 = self.rng.random_range(f64::EPSILON..1.0);
+                let u2: f64 = self.rng.random_range(0.0..1.0);
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                let v = (d.median * (d.sigma * z).exp()).round();
+                (v.clamp(f64::from(d.min), f64::from(d.max))) as u32
+            }
+        }
     }
 }
 
@@ -168,21 +219,24 @@ pub fn name_seed(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
 
-/// Builds the trace of `workload` at `rate`.
+/// Builds the trace of `workload` at `rate` from `seed`.
 pub fn generate(
     plan: &Plan,
     workload: &WorkloadSpec,
     rate: f64,
+    seed: u64,
     vocab: &Vocab,
     engine: &dyn PromptTokenizer,
 ) -> Result<Trace, BenchError> {
-    let base = plan.seed ^ name_seed(&workload.name);
+    let base = seed ^ name_seed(&workload.name);
     let mut cx = GenContext {
         vocab,
         engine,
         fleet_kv_tokens: fleet_kv_tokens(plan.fleet_of(workload)),
         rng: StdRng::seed_from_u64(base),
         model: &plan.model,
+        outputs: OutputSampler::new(workload.output_tokens.clone(), base ^ 0x6f75_7470_7574),
+        seed,
     };
     // Arrival times depend on the rate; text and choices do not.
     let mut arrivals = Arrivals::new(rate, base ^ rate.to_bits().rotate_left(17));
@@ -192,9 +246,40 @@ pub fn generate(
         Shape::Unique(s) => unique::generate(s, workload, &mut cx, &mut arrivals)?,
         Shape::HotPrefix(s) => hot_prefix::generate(s, workload, &mut cx, &mut arrivals)?,
         Shape::MultiTenant(s) => multi_tenant::generate(s, workload, &mut cx, &mut arrivals)?,
+        Shape::Trace(s) => replay::generate(s, workload, &mut cx)?,
     };
     trace.workload = workload.name.clone();
-    trace.rate = rate;
+    if !matches!(workload.shape, Shape::Trace(_)) {
+        trace.rate = rate;
+    }
+    trace.seed = seed;
+    if workload.bypass_fraction > 0.0 {
+        let mut rng = StdRng::seed_from_u64(base ^ 0x6279_7061_7373);
+        let mut n = 0;
+        for r in &mut trace.requests {
+            r.bypass = rng.random_range(0.0..1.0) < workload.bypass_fraction;
+            n += usize::from(r.bypass);
+        }
+        trace.notes.push(format!(
+            "{n} of {} requests ({:.0}%) sent straight to a replica, bypassing the router",
+            trace.requests.len(),
+            100.0 * n as f64 / trace.requests.len().max(1) as f64
+        ));
+    }
+    if !matches!(workload.output_tokens, OutputLen::Fixed(_)) {
+        let outs: Vec<f64> = trace
+            .requests
+            .iter()
+            .map(|r| f64::from(r.max_tokens))
+            .collect();
+        trace.notes.push(format!(
+            "{}: mean {:.0}, p50 {:.0}, p90 {:.0}",
+            workload.output_tokens.describe(),
+            crate::stats::mean(&outs).unwrap_or(0.0),
+            crate::stats::percentile(&outs, 0.5).unwrap_or(0.0),
+            crate::stats::percentile(&outs, 0.9).unwrap_or(0.0)
+        ));
+    }
     Ok(trace)
 }
 
@@ -315,7 +400,15 @@ pub(crate) mod tests {
             fleet,
             ..Plan::default()
         };
-        generate(&plan, w, w.rate, &vocab(), &WordPieceTokenizer::default()).unwrap()
+        generate(
+            &plan,
+            w,
+            w.rate,
+            plan.seed,
+            &vocab(),
+            &WordPieceTokenizer::default(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -338,6 +431,23 @@ pub(crate) mod tests {
         let share0 = counts[0] as f64 / 20_000.0;
         assert!((share0 - z.probability(0)).abs() < 0.02, "{share0}");
         assert!(counts.windows(2).take(3).all(|w| w[0] > w[1]), "{counts:?}");
+    }
+
+    #[test]
+    fn output_lengths_follow_the_distribution() {
+        let spec = OutputLen::LogNormal(crate::plan::OutputDist {
+            median: 300.0,
+            sigma: 0.7,
+            min: 16,
+            max: 1024,
+        });
+        let mut s = OutputSampler::new(spec, 3);
+        let v: Vec<f64> = (0..4000).map(|_| f64::from(s.sample())).collect();
+        let p50 = crate::stats::percentile(&v, 0.5).unwrap();
+        assert!((270.0..330.0).contains(&p50), "{p50}");
+        assert!(v.iter().all(|&x| (16.0..=1024.0).contains(&x)));
+        assert!(crate::stats::percentile(&v, 0.95).unwrap() > 600.0);
+        assert_eq!(OutputSampler::new(OutputLen::Fixed(7), 1).sample(), 7);
     }
 
     #[test]

@@ -26,10 +26,11 @@ pub(super) fn generate(
             id,
             start: Start::At(arrivals.next_ms()),
             messages: vec![system(&prompt), user(cx.text(s.question_tokens)?)],
-            max_tokens: w.output_tokens,
+            max_tokens: cx.output(),
             tenant: Some(format!("tenant-{tenant}")),
             cache_salt: s.cache_salt.then(|| format!("salt-tenant-{tenant}")),
             group: tenant,
+            bypass: false,
         });
     }
     Ok(Trace {
@@ -37,6 +38,8 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: Some(s.tenant_header.clone()),
+        seed: 0,
+        expected_shared_tokens: None,
         notes: vec![format!(
             "{} tenants share one {}-token system prompt; cache_salt {}",
             s.tenants,

@@ -21,7 +21,6 @@ pub(super) fn generate(
     } else {
         None
     };
-    let answer: Arc<str> = kvsim::openai::filler_text(w.output_tokens).into();
     let turns = s.turns;
     let conversations = match w.requests {
         Some(n) => n.div_ceil(turns),
@@ -39,6 +38,7 @@ pub(super) fn generate(
         for _ in 0..turns {
             history.push(user(cx.text(s.user_tokens)?));
             let id = requests.len();
+            let max_tokens = cx.output();
             let start = match prev {
                 None => Start::At(start_ms),
                 Some(p) => Start::After {
@@ -50,14 +50,16 @@ pub(super) fn generate(
                 id,
                 start,
                 messages: history.clone(),
-                max_tokens: w.output_tokens,
+                max_tokens,
                 tenant: None,
                 cache_salt: None,
                 group: c,
+                bypass: false,
             });
+            // The simulator's deterministic answer of this length: the next turn resends it.
             history.push(Message {
                 role: "assistant",
-                content: Arc::clone(&answer),
+                content: Arc::from(kvsim::openai::filler_text(max_tokens)),
             });
             prev = Some(id);
         }
@@ -70,6 +72,8 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        seed: 0,
+        expected_shared_tokens: None,
         notes: vec![format!(
             "{conversations} conversations x {turns} turns; {} user tokens a turn, mean think {} s",
             s.user_tokens, s.think_s

@@ -49,10 +49,11 @@ pub(super) fn generate(
             id,
             start: Start::At(arrivals.next_ms()),
             messages: vec![system(&prompts[g]), user(cx.text(s.question_tokens)?)],
-            max_tokens: w.output_tokens,
+            max_tokens: cx.output(),
             tenant: None,
             cache_salt: None,
             group: g,
+            bypass: false,
         });
     }
     Ok(Trace {
@@ -60,6 +61,8 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        seed: 0,
+        expected_shared_tokens: None,
         notes: vec![format!(
             "{groups} groups x {} users; system prompts: {prefix_tokens} engine tokens = {:.0}% of the \
              fleet's {} KV tokens",

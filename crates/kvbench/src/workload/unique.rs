@@ -21,10 +21,11 @@ pub(super) fn generate(
             id,
             start: Start::At(arrivals.next_ms()),
             messages: vec![user(cx.text(s.prompt_tokens)?)],
-            max_tokens: w.output_tokens,
+            max_tokens: cx.output(),
             tenant: None,
             cache_salt: None,
             group: id,
+            bypass: false,
         });
     }
     Ok(Trace {
@@ -32,6 +33,8 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        seed: 0,
+        expected_shared_tokens: None,
         notes: vec![format!(
             "{total} unique prompts of {} tokens",
             s.prompt_tokens

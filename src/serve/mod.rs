@@ -1,8 +1,13 @@
-//! `kvrouter serve`: wires config, router, the ext_proc and admin servers, hot reload, endpoint
-//! discovery, the scrape and probe monitor, and shutdown together.
+//! `kvrouter serve`: wires config, router, the ext_proc, health and admin servers, hot reload,
+//! endpoint discovery, the scrape and probe monitor, and shutdown together.
 //!
 //! The router is built once, with its tables; every other part gets only the narrow handle it
 //! needs from [`Router::handles`] (the ext_proc server gets the router itself: it decides).
+//! [`picker`] maps the reference endpoint picker's flags onto the config; [`health`] is the gRPC
+//! health service.
+
+pub mod health;
+pub mod picker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,8 +22,9 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::config::{self, Config};
 use crate::discovery::dns::{DnsDiscovery, Resolve, SystemResolver};
-use crate::discovery::Runner;
-use crate::extproc::ExtProc;
+use crate::discovery::kubernetes::KubernetesDiscovery;
+use crate::discovery::{Discovery, Published, Runner};
+use crate::extproc::{ExtProc, ServerExtras};
 use crate::monitor::{self, EndpointSource};
 use crate::router::Router;
 use crate::telemetry::{self, Metrics};
@@ -31,25 +37,100 @@ pub struct ServeArgs {
     pub config: PathBuf,
     /// Overrides `server.grpc_listen` (use port 0 for any free port; the bound address is
     /// printed on stdout).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "grpc_port")]
     pub grpc_listen: Option<SocketAddr>,
     /// Overrides `server.admin_listen`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "metrics_port")]
     pub admin_listen: Option<SocketAddr>,
+    /// Overrides `server.health_listen`.
+    #[arg(long, conflicts_with = "grpc_health_port")]
+    pub health_listen: Option<SocketAddr>,
+    /// The reference endpoint picker's flags.
+    #[command(flatten)]
+    pub picker: picker::PickerFlags,
+}
+
+impl ServeArgs {
+    /// Parses, adjusts with the flags and validates the config text (start and reloads alike).
+    pub fn load(&self, text: &str, origin: &str) -> Result<Config, config::LoadError> {
+        Config::parse_adjust_validate(text, origin, |c| self.picker.apply(c))
+    }
+}
+
+/// Every endpoint source `config` asks for besides its own lists: DNS and Kubernetes pools.
+fn sources(config: &Config, resolver: &Arc<dyn Resolve>) -> Vec<Arc<dyn Discovery>> {
+    let mut all = DnsDiscovery::from_config(config, Arc::clone(resolver));
+    all.extend(KubernetesDiscovery::from_config(config));
+    all
+}
+
+/// TLS for the ext_proc port from `server.tls` (paths relative to `base_dir`).
+fn tls_config(
+    server: &config::ServerConfig,
+    base_dir: &std::path::Path,
+) -> anyhow::Result<Option<tonic::transport::ServerTlsConfig>> {
+    let Some(tls) = &server.tls else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path, field: &str| {
+        let path = base_dir.join(path);
+        std::fs::read(&path)
+            .with_context(|| format!("cannot read {} (server.tls.{field})", path.display()))
+    };
+    let identity = tonic::transport::Identity::from_pem(
+        read(&tls.cert_path, "cert_path")?,
+        read(&tls.key_path, "key_path")?,
+    );
+    Ok(Some(
+        tonic::transport::ServerTlsConfig::new().identity(identity),
+    ))
 }
 
 /// Runs until SIGINT or SIGTERM, then drains: in-flight streams get a grace period to finish.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read {}", args.config.display()))?;
-    let mut config = Config::parse_and_validate(&text, &args.config.display().to_string())?;
+    let mut config = args.load(&text, &args.config.display().to_string())?;
     if let Some(addr) = args.grpc_listen {
         config.server.grpc_listen = addr;
     }
     if let Some(addr) = args.admin_listen {
         config.server.admin_listen = addr;
     }
+    if let Some(addr) = args.health_listen {
+        config.server.health_listen = Some(addr);
+    }
     telemetry::init_logging(config.server.log_format);
+    let base_dir = args
+        .config
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_default();
+    let tls = tls_config(&config.server, &base_dir)?;
+
+    // The health service answers NOT_SERVING from the start, before anything else is up, so a
+    // probe sees a starting picker rather than a refused connection.
+    let health = health::Health::new().await;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let health_addr = match config.server.health_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.with_context(|| {
+                format!("cannot listen on {addr} (server.health_listen, --grpc-health-port)")
+            })?;
+            let bound = listener.local_addr()?;
+            let served = health.clone().serve(listener, stopped(stop_rx.clone()));
+            tokio::spawn(async move {
+                if let Err(e) = served.await {
+                    tracing::error!("gRPC health server failed: {e}");
+                }
+            });
+            Some(bound)
+        }
+        None => None,
+    };
 
     let grpc = TcpListener::bind(config.server.grpc_listen)
         .await
@@ -72,11 +153,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let server_section = config.server.clone();
     let metrics = Arc::new(Metrics::new());
-    let base_dir = args
-        .config
-        .parent()
-        .map(|p| p.to_path_buf())
-        .unwrap_or_default();
     let router = Arc::new(
         Router::new(config, Arc::clone(&metrics), &base_dir).context("cannot load the config")?,
     );
@@ -86,10 +162,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the KV-event subscriptions (kv_events)")?;
     let handles = router.handles();
     let ready = Arc::new(AtomicBool::new(false));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
 
     if handles.config.borrow().envoy.eds_path.is_some() {
         // Subscribed before the first write, so a set published in between (a discovery source
@@ -105,13 +177,30 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
-    // Endpoint sources other than the config file's lists (DNS pools), restarted on reload.
+    // Endpoint sources other than the config file's lists (DNS and Kubernetes pools),
+    // restarted on reload; `published` tells when each has listed its endpoints.
     let resolver: Arc<dyn Resolve> = Arc::new(SystemResolver);
-    let discovery = Arc::new(Runner::new(Arc::clone(&handles.discovery)));
-    discovery.reconcile(DnsDiscovery::from_config(
-        &handles.config.borrow(),
-        Arc::clone(&resolver),
-    ));
+    let published = Arc::new(Published::new(Arc::clone(&handles.discovery)));
+    let discovery = Arc::new(Runner::new(Arc::clone(&published) as _));
+    let initial_sources = sources(&handles.config.borrow(), &resolver);
+    let kubernetes_keys: Vec<String> = initial_sources
+        .iter()
+        .map(|s| s.key())
+        .filter(|k| k.starts_with("kubernetes:"))
+        .collect();
+    discovery.reconcile(initial_sources);
+    // Discovered endpoints subscribe to their KV events (pool templates) as they come and go.
+    let events_follow = {
+        let router = Arc::clone(&router);
+        let mut versions = handles.endpoints.subscribe();
+        tokio::spawn(async move {
+            while versions.changed().await.is_ok() {
+                if let Err(e) = router.sync_events().await {
+                    tracing::error!("KV-event subscriptions of discovered endpoints: {e}");
+                }
+            }
+        })
+    };
     // Scrapes and probes every endpoint, following the endpoint set.
     let monitor = monitor::spawn(monitor::Inputs {
         endpoints: Arc::clone(&handles.endpoints),
@@ -121,34 +210,38 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     let reload = (server_section.reload_interval_ms > 0).then(|| {
+        let load_args = ServeArgs {
+            config: args.config.clone(),
+            grpc_listen: args.grpc_listen,
+            admin_listen: args.admin_listen,
+            health_listen: args.health_listen,
+            picker: args.picker.clone(),
+        };
         let router = Arc::clone(&router);
         let metrics = Arc::clone(&metrics);
         let discovery = Arc::clone(&discovery);
         let resolver = Arc::clone(&resolver);
         let mut server_section = server_section.clone();
         server_section.grpc_listen = grpc_addr;
-        config::watch::spawn_poller(
+        config::watch::spawn_poller_with(
             args.config.clone(),
             Duration::from_millis(server_section.reload_interval_ms),
             &text,
+            move |text, origin| load_args.load(text, origin),
             move |result| match result {
                 Ok(mut new) => {
                     if new.server != server_section && args.grpc_listen.is_none() {
                         tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
                     }
                     new.server = server_section.clone();
-                    let sources = DnsDiscovery::from_config(&new, Arc::clone(&resolver));
+                    let sources = sources(&new, &resolver);
                     match router.apply(new) {
                         Ok(change) => {
                             metrics.record_reload(true);
                             tracing::info!(added = ?change.added, removed = ?change.removed, "config reloaded");
                             discovery.reconcile(sources);
-                            let router = Arc::clone(&router);
-                            tokio::spawn(async move {
-                                if let Err(e) = router.sync_events().await {
-                                    tracing::error!("config reload: {e}");
-                                }
-                            });
+                            // The new endpoint set wakes `events_follow`, which brings the
+                            // KV-event subscriptions in line (one task, so syncs never overlap).
                         }
                         Err(e) => {
                             metrics.record_reload(false);
@@ -169,6 +262,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         grpc,
         server_section.max_grpc_message_bytes,
         Duration::from_secs(server_section.max_request_duration_s),
+        ServerExtras {
+            routes: health.routes(),
+            tls,
+        },
         stopped(stop_rx.clone()),
     ));
     let admin_task = tokio::spawn(crate::admin::serve(
@@ -176,14 +273,40 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin,
         stopped(stop_rx.clone()),
     ));
-    ready.store(true, Ordering::Release);
+    // Ready (admin /readyz, gRPC health SERVING) once every Kubernetes pool has listed its
+    // pods, as the reference picker waits for its pool; at once without Kubernetes pools.
+    let became_ready = {
+        let ready = Arc::clone(&ready);
+        let health = health.clone();
+        let mut keys = published.subscribe();
+        let published = Arc::clone(&published);
+        tokio::spawn(async move {
+            if !kubernetes_keys.is_empty() {
+                tracing::info!(sources = ?kubernetes_keys, "not ready until the Kubernetes pools are listed");
+            }
+            while !published.all_published(&kubernetes_keys) {
+                if keys.changed().await.is_err() {
+                    return;
+                }
+            }
+            ready.store(true, Ordering::Release);
+            health.set(true).await;
+            tracing::info!("ready");
+        })
+    };
     // One machine-readable line on stdout so scripts and tests learn the bound ports.
-    println!(r#"{{"event":"listening","grpc":"{grpc_addr}","admin":"{admin_addr}"}}"#);
-    tracing::info!(%grpc_addr, %admin_addr, "kvrouter serving");
+    let health_field = health_addr.map_or(String::new(), |a| format!(r#","health":"{a}""#));
+    println!(
+        r#"{{"event":"listening","grpc":"{grpc_addr}","admin":"{admin_addr}"{health_field}}}"#
+    );
+    tracing::info!(%grpc_addr, %admin_addr, health = ?health_addr, "kvrouter serving");
 
     shutdown_signal().await;
     tracing::info!("shutting down");
+    became_ready.abort();
     ready.store(false, Ordering::Release);
+    health.set(false).await;
+    events_follow.abort();
     if let Some(task) = reload {
         task.abort();
     }
