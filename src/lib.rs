@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod discovery;
@@ -48,6 +49,7 @@ pub mod health;
 pub mod index;
 pub mod load;
 pub mod monitor;
+pub mod otel;
 pub mod policy;
 pub mod prefix;
 pub mod request;

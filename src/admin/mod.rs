@@ -19,12 +19,25 @@ use crate::router::{AdminView, RouteContext};
 pub struct Admin {
     view: AdminView,
     ready: Arc<AtomicBool>,
+    tenant_explain: bool,
 }
 
 impl Admin {
     /// Admin over the router's `view`; `/readyz` answers 200 once `ready` is set.
     pub fn new(view: AdminView, ready: Arc<AtomicBool>) -> Admin {
-        Admin { view, ready }
+        Admin {
+            view,
+            ready,
+            tenant_explain: false,
+        }
+    }
+
+    /// Whether `/debug/explain?tenant=...` answers. It tells how much of another tenant's
+    /// prefix each replica holds, so it is off unless the admin routes require a token
+    /// (`admin.auth_token_file`). Default false.
+    pub fn with_tenant_explain(mut self, allowed: bool) -> Admin {
+        self.tenant_explain = allowed;
+        self
     }
 
     /// The HTTP routes.
@@ -135,6 +148,10 @@ async fn explain(
     Query(q): Query<ExplainQuery>,
     body: Bytes,
 ) -> Response {
+    if q.tenant.is_some() && !admin.tenant_explain {
+        let message = crate::api::TENANT_EXPLAIN_REFUSED;
+        return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
+    }
     let view = admin.view.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = q.path.as_deref().unwrap_or("/v1/chat/completions");

@@ -33,6 +33,8 @@ pub struct TracingConfig {
     pub parent_based: bool,
     /// The `service.name` of the exported spans. Default `kvrouter`.
     pub service_name: String,
+    /// How often finished spans are sent to the collector, in milliseconds. Default 5000.
+    pub export_interval_ms: u64,
     /// Longest one export may take before it is abandoned (spans dropped), in milliseconds.
     /// Default 10000.
     pub export_timeout_ms: u64,
@@ -49,6 +51,7 @@ impl Default for TracingConfig {
             sampling_ratio: 1.0,
             parent_based: true,
             service_name: "kvrouter".into(),
+            export_interval_ms: 5000,
             export_timeout_ms: 10_000,
             max_queue_spans: 8192,
         }
@@ -87,6 +90,9 @@ impl TracingConfig {
         }
         if self.service_name.trim().is_empty() {
             errors.push("tracing.service_name", "must not be empty");
+        }
+        if self.export_interval_ms == 0 {
+            errors.push("tracing.export_interval_ms", "must be > 0");
         }
         if self.export_timeout_ms == 0 {
             errors.push("tracing.export_timeout_ms", "must be > 0");
@@ -143,6 +149,10 @@ mod tests {
             (
                 "tracing: {export_timeout_ms: 0}",
                 "tracing.export_timeout_ms: must be > 0",
+            ),
+            (
+                "tracing: {export_interval_ms: 0}",
+                "tracing.export_interval_ms: must be > 0",
             ),
             (
                 "tracing: {max_queue_spans: 0}",

@@ -44,6 +44,7 @@ use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
+use crate::otel::{DecisionSpan, RemoteParent};
 use crate::request::{self, ApiKind};
 use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
 use crate::telemetry::Metrics;
@@ -88,6 +89,8 @@ struct Pending {
     body: Vec<u8>,
     /// End offset of each received chunk, to echo chunks back with their original boundaries.
     chunk_ends: Vec<usize>,
+    /// The gateway's trace context, kept only while tracing is on.
+    trace: Option<RemoteParent>,
 }
 
 /// A response being watched; owns the request's ticket if it was routed by us.
@@ -230,6 +233,7 @@ impl Stream {
             request_id: self.request_id.clone(),
             body: Vec::new(),
             chunk_ends: Vec::new(),
+            trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
         if h.end_of_stream {
             // No body (GET /v1/models, /health): any endpoint serving anything will do.
@@ -280,6 +284,7 @@ impl Stream {
                 request_id: self.request_id.clone(),
                 body: Vec::new(),
                 chunk_ends: Vec::new(),
+                trace: None,
             });
         }
         let pending = match &mut self.phase {
@@ -300,6 +305,7 @@ impl Stream {
         let routing = &pending.state.config.routing;
         let (limit, retry_after) = (routing.max_body_bytes, routing.retry_after_s);
         if pending.body.len() + b.body.len() > limit {
+            DecisionSpan::start(pending.trace.as_ref(), &pending.request_id).rejected(413);
             return self.reject(Rejection::too_large(limit), retry_after);
         }
         pending.body.extend_from_slice(&b.body);
@@ -345,6 +351,7 @@ impl Stream {
     ) -> Vec<ProcessingResponse> {
         let router = Arc::clone(&self.router);
         let retry_after = pending.state.config.routing.retry_after_s;
+        let span = DecisionSpan::start(pending.trace.as_ref(), &pending.request_id);
         let (pending, result) = if pending.state.decides_slowly(pending.body.len()) {
             // At most a few tokenizations at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
@@ -367,6 +374,7 @@ impl Stream {
         let mut out = Vec::with_capacity(pending.chunk_ends.len() + 2);
         match result {
             Ok(Some(decision)) => {
+                span.routed(&decision);
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
                 out.push(envoy::route(slot, header, &decision.destination, id));
@@ -384,11 +392,15 @@ impl Stream {
                 self.phase = Phase::Picked { id: Some(id) };
             }
             Ok(None) => {
+                span.unrouted();
                 // Internal fault: degrade to Envoy's fallback rather than fail the request.
                 out.push(envoy::continue_(slot));
                 self.phase = Phase::Picked { id: None };
             }
-            Err(rejection) => return self.reject(rejection, retry_after),
+            Err(rejection) => {
+                span.rejected(rejection.status);
+                return self.reject(rejection, retry_after);
+            }
         }
         if slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed {
             let mut start = 0;

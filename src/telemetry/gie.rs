@@ -127,13 +127,10 @@ impl GieMetrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let input_tokens = Family::<ModelLabels, Histogram>::new_with_constructor(|| {
             // GIE's buckets for input tokens.
-            Histogram::new(
-                [
-                    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
-                    8192.0, 16384.0, 32778.0, 65536.0, 131072.0, 262144.0, 524288.0, 1048576.0,
-                ]
-                .into_iter(),
-            )
+            Histogram::new([
+                1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+                16384.0, 32778.0, 65536.0, 131072.0, 262144.0, 524288.0, 1048576.0,
+            ])
         });
         {
             let objective = registry.sub_registry_with_prefix("inference_objective");
@@ -154,12 +151,9 @@ impl GieMetrics {
             );
         }
         // GIE's buckets for the scheduler's latency: 100 us .. 100 ms.
-        let scheduler_seconds = Histogram::new(
-            [
-                0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
-            ]
-            .into_iter(),
-        );
+        let scheduler_seconds = Histogram::new([
+            0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+        ]);
         let attempts = Family::<StatusLabels, Counter>::default();
         {
             let extension = registry.sub_registry_with_prefix("inference_extension");
