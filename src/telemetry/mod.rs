@@ -3,6 +3,7 @@
 //! Metric handles are registered once; the hot path only increments them. Labels are endpoint
 //! addresses, policy names and status codes: never prompt text.
 
+mod cache;
 mod gie;
 mod signals;
 
@@ -16,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use cache::CacheMetrics;
 pub use gie::{GieMetrics, GieOutcome};
 pub use signals::SignalMetrics;
 
@@ -87,6 +89,8 @@ pub struct Metrics {
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
+    /// Matched-token share and cache source of routed decisions.
+    pub cache: CacheMetrics,
     /// The same facts under the Gateway API Inference Extension's names (own registry).
     pub gie: GieMetrics,
     scrape_lock: Mutex<()>,
@@ -166,8 +170,10 @@ impl Metrics {
             endpoint_prefill_tokens.clone(),
         );
         let signals = SignalMetrics::register(&mut registry);
+        let cache = CacheMetrics::register(&mut registry);
         Metrics {
             signals,
+            cache,
             gie: GieMetrics::new(),
             registry,
             decisions,
