@@ -31,7 +31,7 @@ mod span;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use context::RemoteParent;
-pub use export::{init_subscriber, OtelError, OtelGuard};
+pub use export::{init_subscriber, layer, OtelError, OtelGuard};
 pub use span::{reason_class, DecisionSpan, SPAN_NAME, TARGET};
 
 static ON: AtomicBool = AtomicBool::new(false);
