@@ -28,10 +28,14 @@
 //!   request, a pure `plan`, and the ticket a routed request carries until its response ends;
 //!   narrow handles for everything around it. Shared by the gRPC server, the admin API and the
 //!   CLI.
+//! - [`otel`]: OpenTelemetry decision spans continuing the gateway's `traceparent`, and the
+//!   global `tracing` subscriber (logs, plus the OTLP exporter when `tracing.enabled`).
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
 //!   translates messages into decisions and response facts and scores nothing.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
 //!   view.
+//! - [`api`]: kvrouter's own gRPC API (`kvrouter.v1`: explain, decision stream, endpoints,
+//!   pushed KV events) beside the admin routes, and the admin bearer token guarding both.
 //! - [`serve`]: `kvrouter serve`: builds the router and wires each part to the handle it needs.
 //! - [`cli`]: the `kvrouter` binary's commands.
 

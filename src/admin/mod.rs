@@ -14,6 +14,10 @@ use serde_json::json;
 
 use crate::router::{AdminView, RouteContext};
 
+/// Why explaining as a tenant was refused (no admin token configured).
+pub const TENANT_EXPLAIN_REFUSED: &str = "explaining as a tenant needs admin.auth_token_file \
+     (without a token it would tell anyone how much of another tenant's prefix each replica holds)";
+
 /// Shared state of the admin handlers.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -149,7 +153,7 @@ async fn explain(
     body: Bytes,
 ) -> Response {
     if q.tenant.is_some() && !admin.tenant_explain {
-        let message = crate::api::TENANT_EXPLAIN_REFUSED;
+        let message = TENANT_EXPLAIN_REFUSED;
         return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
     }
     let view = admin.view.clone();
@@ -187,15 +191,4 @@ async fn decision(State(admin): State<Admin>, Path(id): Path<String>) -> Respons
         )
             .into_response(),
     }
-}
-
-/// Serves the admin routes on `listener` until `shutdown` resolves.
-pub async fn serve(
-    admin: Admin,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, admin.routes())
-        .with_graceful_shutdown(shutdown)
-        .await
 }

@@ -31,11 +31,8 @@ pub mod pb {
     tonic::include_proto!("kvrouter.v1");
 }
 
+pub use crate::admin::TENANT_EXPLAIN_REFUSED;
 pub use auth::{AdminAuth, AuthError};
-
-/// Why explaining as a tenant was refused (no admin token configured).
-pub const TENANT_EXPLAIN_REFUSED: &str = "explaining as a tenant needs admin.auth_token_file \
-     (without a token it would tell anyone how much of another tenant's prefix each replica holds)";
 pub use convert::{explanation_from_pb, explanation_to_pb};
 
 use crate::admin::Admin;

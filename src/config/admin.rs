@@ -6,8 +6,9 @@
 //! ```
 //!
 //! One bearer token for every admin interface: the gRPC API (`kvrouter.v1.Admin`,
-//! `kvrouter.v1.KvEvents`) checks it now; the HTTP `/debug/*` routes are meant to share it. The
-//! file is read at start-up (a change takes a restart).
+//! `kvrouter.v1.KvEvents`) and the HTTP `/debug/*` routes (`/healthz`, `/readyz` and `/metrics`
+//! stay open). Without a token, explaining as a tenant is refused (it would be a cross-tenant
+//! oracle). The file is read at start-up (a change takes a restart). See docs/observability.md.
 
 use std::path::PathBuf;
 
