@@ -122,6 +122,7 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
             bind: true,
+            ..KvEventsConfig::default()
         });
         let (replica, app) = sim_support::start(cfg).await;
         endpoints.push_str(&format!(

@@ -105,6 +105,26 @@ pub struct EnvoyArgs {
     /// no first-byte times or usage from responses (see docs/envoy.md).
     #[arg(long)]
     pub no_observer: bool,
+    /// The tenancy header kvrouter trusts (tenancy.header): removed from every client request,
+    /// so only Envoy can set it (see --jwt-issuer).
+    #[arg(long)]
+    pub tenant_header: Option<String>,
+    /// Verify JWTs from this issuer (Envoy's jwt_authn) and copy the tenant claim into
+    /// --tenant-header. Needs --tenant-header and --jwt-jwks-file.
+    #[arg(long, requires_all = ["tenant_header", "jwt_jwks_file"])]
+    pub jwt_issuer: Option<String>,
+    /// The local JWKS file Envoy verifies tokens with.
+    #[arg(long, requires = "jwt_issuer")]
+    pub jwt_jwks_file: Option<PathBuf>,
+    /// The JWT claim holding the tenant id.
+    #[arg(long, default_value = "tenant")]
+    pub jwt_tenant_claim: String,
+    /// An accepted `aud` (repeat for several; none: any).
+    #[arg(long, requires = "jwt_issuer")]
+    pub jwt_audience: Vec<String>,
+    /// Reject requests without a token (else they pass with no tenant).
+    #[arg(long, requires = "jwt_issuer")]
+    pub jwt_required: bool,
 }
 
 /// Runs the parsed command line.
@@ -127,6 +147,17 @@ pub fn run(cli: Cli) -> ExitCode {
                 max_body_bytes: a.max_body_bytes,
                 attach: !a.without_kvrouter,
                 observe: !a.no_observer,
+                jwt: a
+                    .jwt_issuer
+                    .zip(a.jwt_jwks_file)
+                    .map(|(issuer, jwks_file)| crate::envoyconf::JwtOptions {
+                        issuer,
+                        audiences: a.jwt_audience,
+                        jwks_file,
+                        tenant_claim: a.jwt_tenant_claim,
+                        required: a.jwt_required,
+                    }),
+                tenant_header: a.tenant_header,
             };
             print!("{}", crate::envoyconf::render(&options));
             ExitCode::SUCCESS

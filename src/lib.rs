@@ -31,7 +31,8 @@
 //! - [`otel`]: OpenTelemetry decision spans continuing the gateway's `traceparent`, and the
 //!   global `tracing` subscriber (logs, plus the OTLP exporter when `tracing.enabled`).
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
-//!   translates messages into decisions and response facts and scores nothing.
+//!   translates messages into decisions and response facts and scores nothing. Also the
+//!   process-wide buffered-body budget and the tenant's `cache_salt` written into bodies.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
 //!   view.
 //! - [`api`]: kvrouter's own gRPC API (`kvrouter.v1`: explain, decision stream, endpoints,

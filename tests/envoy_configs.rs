@@ -114,3 +114,57 @@ fn every_generator_variant_validates() {
         }
     }
 }
+
+#[test]
+fn tenant_header_stripping_and_jwt_variants_validate() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cwd.path().join("jwks.json"),
+        r#"{"keys":[{"kty":"oct","alg":"HS256","kid":"k","k":"c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0"}]}"#,
+    )
+    .unwrap();
+    let jwt = |required: bool, audiences: Vec<String>| kvrouter::envoyconf::JwtOptions {
+        issuer: "https://issuer.example".into(),
+        audiences,
+        jwks_file: cwd.path().join("jwks.json"),
+        tenant_claim: "org".into(),
+        required,
+    };
+    let variants = [
+        (None, false),
+        (Some(jwt(false, Vec::new())), true),
+        (Some(jwt(true, vec!["kvrouter".into(), "llm".into()])), true),
+    ];
+    for (jwt, has_filter) in variants {
+        let options = EnvoyOptions {
+            tenant_header: Some("x-tenant-id".into()),
+            jwt,
+            ..EnvoyOptions::default()
+        };
+        let y = render(&options);
+        // The client's tenant header goes in the early mutation, before any filter.
+        let early = y.find("early_header_mutation_extensions").unwrap();
+        let strip = y.find("- remove: x-tenant-id").expect("stripped");
+        let filters = y.find("http_filters:").unwrap();
+        assert!(early < strip && strip < filters, "{y}");
+        assert_eq!(y.contains("envoy.filters.http.jwt_authn"), has_filter);
+        if has_filter {
+            let jwt_at = y.find("envoy.filters.http.jwt_authn").unwrap();
+            let picker = y.find("envoy.filters.http.ext_proc").unwrap();
+            assert!(
+                jwt_at < picker,
+                "the tenant is set before the picker reads it"
+            );
+            assert!(y.contains("claim_to_headers: [{header_name: x-tenant-id, claim_name: org}]"));
+        }
+        let file = cwd.path().join("tenant.yaml");
+        std::fs::write(&file, &y).unwrap();
+        validate(&file, cwd.path());
+    }
+    // Without a tenant header nothing is stripped and no JWT filter is rendered.
+    let plain = render(&EnvoyOptions {
+        jwt: Some(jwt(true, Vec::new())),
+        ..EnvoyOptions::default()
+    });
+    assert!(!plain.contains("jwt_authn"));
+}

@@ -86,6 +86,7 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
             endpoint: testkit::KV_EVENTS_BIND.into(),
             topic: String::new(),
             bind: true,
+            ..KvEventsConfig::default()
         };
         let (replica, app) = start(replica_config(
             &format!("r{i}"),
@@ -332,6 +333,83 @@ async fn after_a_restart_no_stale_hit_is_reported() {
     }
 }
 
+/// A router that starts after the engine cached a prefix: with the engine's replay socket in
+/// its config it learns the prefix at once (complete view: the buffer starts at sequence 0);
+/// without, it only knows what is published after it connected.
+#[tokio::test]
+async fn a_late_router_learns_earlier_prefixes_from_the_replay_socket_and_not_without_it() {
+    let kv = KvEventsConfig {
+        endpoint: testkit::KV_EVENTS_BIND.into(),
+        bind: true,
+        replay_endpoint: Some(testkit::KV_EVENTS_BIND.into()),
+        ..KvEventsConfig::default()
+    };
+    let (replica, app) = start(replica_config("r0", 16, None, kv)).await;
+    let send = |prompt: Vec<u32>| {
+        let app = app.clone();
+        async move {
+            let (status, _, body) = call(
+                &app,
+                "POST",
+                "/v1/completions",
+                Some(&tokens_body(&prompt, 1)),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+        }
+    };
+    // Cached before any router listens: 6 blocks.
+    let early = ids(77, 96);
+    send(early.clone()).await;
+    let publisher = replica.kv_events_endpoint().unwrap();
+    let replay = replica.kv_events_replay().expect("a replay socket");
+    let yaml = |replay_line: &str| {
+        format!(
+            "pools:\n  - name: p\n    models: [m]\n    endpoints:\n      - address: 127.0.0.1:18300\n        kv_events: {{connect: \"{publisher}\"{replay_line}}}\n"
+        )
+    };
+    let (with, with_index, with_ids) = hub(&yaml(&format!(", replay: \"{replay}\""))).await;
+    let (without, without_index, without_ids) = hub(&yaml("")).await;
+    let address: SocketAddr = "127.0.0.1:18300".parse().unwrap();
+    let (with_id, without_id) = (with_ids.intern(address), without_ids.intern(address));
+    let early_hashes = router_hashes(&early);
+    eventually("the replayed prefix", || {
+        with_index.lookup(&early_hashes, &[with_id])[0].confirmed_blocks == 6
+    })
+    .await;
+    assert_eq!(
+        with.source_state(with_id),
+        SourceState::Trusted,
+        "a buffer from sequence 0 is a complete view"
+    );
+    // Both see what is published from now on (sent until the late subscriber got one).
+    let mut n = 0;
+    let mut later = ids(78, 32);
+    while without_index.lookup(&router_hashes(&later), &[without_id])[0].confirmed_blocks != 2 {
+        assert!(n < 200, "the subscriber without replay never got a batch");
+        later = ids(78 + n, 32);
+        send(later.clone()).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually(
+        "the later prefix, through the live socket after the replay",
+        || with_index.lookup(&router_hashes(&later), &[with_id])[0].confirmed_blocks == 2,
+    )
+    .await;
+    assert_eq!(
+        without_index.lookup(&early_hashes, &[without_id])[0],
+        PrefixMatch::default(),
+        "without replay the earlier prefix stays unknown"
+    );
+    assert_ne!(without.source_state(without_id), SourceState::Trusted);
+    assert_eq!(
+        with_index.lookup(&early_hashes, &[with_id])[0].confirmed_blocks,
+        6,
+        "the live messages after the replay did not undo it"
+    );
+}
+
 #[tokio::test]
 async fn a_prefix_is_matched_where_it_lives_even_when_the_router_never_routed_it() {
     let f = connect_fleet(2, 16, None).await;
@@ -384,6 +462,7 @@ pools:
             endpoint: endpoint.clone(),
             topic: format!("kv@{address}@m"),
             bind: false,
+            ..KvEventsConfig::default()
         };
         let (replica, app) = start(replica_config(&format!("r{i}"), 16, None, kv)).await;
         sims.push(Sim {

@@ -113,6 +113,13 @@ pub struct KvEventsSubscription {
     /// Only events of this KV-cache group count (hybrid models publish one per group).
     /// Default 0.
     pub group_idx: u32,
+    /// The publisher's replay socket (vLLM's `replay_endpoint`, a ROUTER socket that serves the
+    /// last `buffer_steps` batches), a template, e.g. `tcp://{ip}:5558`. With it, each time the
+    /// SUB socket connects (a router that starts or restarts, a reconnect after a drop) the
+    /// router fetches the buffered batches before the live ones, so it learns in seconds what
+    /// the engine cached before it listened instead of waiting for the cache to turn over.
+    /// Only with `connect`. Default none.
+    pub replay: Option<String>,
 }
 
 /// An endpoint's own KV-event settings (its `kv_events`), overriding its pool's.
@@ -129,6 +136,8 @@ pub struct EndpointKvEvents {
     pub push: bool,
     /// As the pool's `topic`, for this endpoint.
     pub topic: Option<String>,
+    /// As the pool's `replay`, for this endpoint.
+    pub replay: Option<String>,
 }
 
 impl Default for EndpointKvEvents {
@@ -139,6 +148,7 @@ impl Default for EndpointKvEvents {
             bind: None,
             push: false,
             topic: None,
+            replay: None,
         }
     }
 }
@@ -179,6 +189,9 @@ pub struct ResolvedKvEvents {
     pub topic: String,
     /// The KV-cache group whose events count.
     pub group_idx: u32,
+    /// The publisher's replay socket (expanded), asked for its buffered batches at each
+    /// connect. Only for `Connect`.
+    pub replay: Option<String>,
 }
 
 /// Expands `{ip}`, `{port}`, `{address}` for `address`; `zmq` brackets an IPv6 `{ip}`.
@@ -390,6 +403,7 @@ pub(super) fn resolve_one(
             attach: KvEventsAttach::Push,
             topic: String::new(),
             group_idx: pool_sub.map_or(0, |s| s.group_idx),
+            replay: None,
         }));
     }
     let (field, template, bind) = match (&own.connect, &own.bind, pool_sub) {
@@ -417,6 +431,28 @@ pub(super) fn resolve_one(
         (None, None) => (String::new(), ""),
     };
     let topic = expand_template(topic_template, address, false).map_err(|m| (topic_field, m))?;
+    let (replay_field, replay_template) = match (&own.replay, pool_sub) {
+        (Some(r), _) => (format!("{at}.kv_events.replay"), Some(r)),
+        // An endpoint that binds its own socket does not inherit its pool's replay socket.
+        (None, Some(s)) if !bind || s.bind.is_some() => {
+            (format!("pools[{p}].kv_events.replay"), s.replay.as_ref())
+        }
+        _ => (String::new(), None),
+    };
+    let replay = match replay_template {
+        None => None,
+        Some(_) if bind => {
+            return Err((
+                replay_field,
+                "replay needs connect: a bound socket's publishers are not known in advance".into(),
+            ))
+        }
+        Some(t) => Some(
+            expand_template(t, address, true)
+                .and_then(|z| check_zmq_endpoint(&z, false).map(|()| z))
+                .map_err(|m| (replay_field, m))?,
+        ),
+    };
     Ok(Some(ResolvedKvEvents {
         address,
         model: model(),
@@ -427,6 +463,7 @@ pub(super) fn resolve_one(
         },
         topic,
         group_idx: pool_sub.map_or(0, |s| s.group_idx),
+        replay,
     }))
 }
 
@@ -470,7 +507,7 @@ mod tests {
 pools:
   - name: a
     models: [m1]
-    kv_events: {connect: "tcp://{ip}:5557", topic: "kv@{ip}", group_idx: 1}
+    kv_events: {connect: "tcp://{ip}:5557", topic: "kv@{ip}", group_idx: 1, replay: "tcp://{ip}:5558"}
     endpoints:
       - address: 10.0.0.1:8000
       - address: 10.0.0.2:8000
@@ -496,6 +533,7 @@ pools:
                 attach: KvEventsAttach::Connect("tcp://10.0.0.1:5557".into()),
                 topic: "kv@10.0.0.1".into(),
                 group_idx: 1,
+                replay: Some("tcp://10.0.0.1:5558".into()),
             }
         );
         assert_eq!(subs[1].model, "m2");
@@ -504,6 +542,10 @@ pools:
             KvEventsAttach::Bind("tcp://0.0.0.0:6000".into())
         );
         assert_eq!(subs[1].topic, "x");
+        assert_eq!(
+            subs[1].replay, None,
+            "a bound endpoint does not inherit replay"
+        );
         assert_eq!(Config::default().kv_events.silence_timeout_ms, 10_000);
     }
 
@@ -542,6 +584,14 @@ pools:
             (
                 pool("kv_events: {bind: 'tcp://*:5557'},", two),
                 "pools[0].endpoints[1].kv_events.topic: \"\" on tcp://*:5557 is pools[0].endpoints[0]'s topic too",
+            ),
+            (
+                pool("kv_events: {bind: 'tcp://*:5557', replay: 'tcp://{ip}:5558'},", one),
+                "pools[0].kv_events.replay: replay needs connect",
+            ),
+            (
+                pool("kv_events: {connect: 'tcp://{ip}:1', replay: 'tcp://*:5558'},", one),
+                "pools[0].kv_events.replay: \"tcp://*:5558\": cannot connect to a wildcard",
             ),
             (
                 pool("kv_events: {bind: 'tcp://*:5557', topic: 'kv@{bad}'},", one),

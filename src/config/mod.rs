@@ -170,6 +170,11 @@ pub struct RoutingConfig {
     pub fallback_endpoints: usize,
     /// Largest request body accepted, in bytes; a larger one gets 413. Default 32 MiB.
     pub max_body_bytes: usize,
+    /// Request body bytes all streams together may hold while their bodies arrive and are
+    /// decided on; a request whose next chunk would pass it gets 503 with `retry-after`, so a
+    /// flood of large bodies costs at most this much memory instead of exhausting it. At least
+    /// `max_body_bytes`. Default 1 GiB.
+    pub max_buffered_body_bytes: usize,
     /// Seconds in the `retry-after` header of a 503 (no healthy endpoint). Default 1.
     pub retry_after_s: u32,
 }
@@ -180,6 +185,7 @@ impl Default for RoutingConfig {
             destination_header: "x-gateway-destination-endpoint".to_string(),
             fallback_endpoints: 2,
             max_body_bytes: 32 << 20,
+            max_buffered_body_bytes: 1 << 30,
             retry_after_s: 1,
         }
     }
@@ -233,17 +239,42 @@ impl Default for ModelConfig {
 /// How a request's tenant is found, and which tenants share prefix caches.
 ///
 /// Each tenant's prompts hash in their own namespace, so one tenant's cached blocks never
-/// attract (or reveal timing of) another's requests; vLLM's `cache_salt` body field separates
-/// further. Tenants listed together in a share group use one namespace.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// attract (or reveal timing of) another's requests, and the router writes a per-tenant
+/// `cache_salt` into each request so the engine's own cache is split the same way (see
+/// `docs/security.md`). Tenants listed together in a share group use one namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TenancyConfig {
-    /// A request header naming the tenant, set by a trusted gateway (clients must not be able to
-    /// set it). Lowercase. Default: none, and all requests share one namespace.
+    /// The request header naming the tenant. Only trusted when Envoy sets it from a verified
+    /// source (a `jwt_authn` claim, or the gateway) and strips what clients send: the configs
+    /// `kvrouter envoy-config --tenant-header` renders do both. Lowercase. Default: none, and
+    /// all requests share one namespace.
     pub header: Option<String>,
     /// Groups of tenants that share one prefix-cache namespace. A tenant may be in at most one
     /// group. Default: none (every tenant is isolated).
     pub share_groups: Vec<ShareGroupConfig>,
+    /// Write the tenant's `cache_salt` (a keyed hash of its namespace, never the tenant id)
+    /// into every routed request body that has a tenant, replacing one the client sent (the
+    /// client's value is mixed in, so its own isolation still holds inside the tenant). vLLM
+    /// honours the field; turn this off for engines that reject unknown fields. Default true
+    /// (no effect without `header`).
+    pub inject_cache_salt: bool,
+    /// A file holding the secret key of the `cache_salt` hash (any bytes, at least 16; trailing
+    /// newline ignored). Routers sharing one engine fleet need the same key, or the same tenant
+    /// gets a different salt per router and misses the engine's cache. Default: none, and a
+    /// random key per process (kept across config reloads, not restarts).
+    pub cache_salt_key_file: Option<std::path::PathBuf>,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        Self {
+            header: None,
+            share_groups: Vec::new(),
+            inject_cache_salt: true,
+            cache_salt_key_file: None,
+        }
+    }
 }
 
 /// Tenants that share a prefix-cache namespace.

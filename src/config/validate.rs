@@ -104,6 +104,12 @@ impl Config {
         if self.routing.max_body_bytes == 0 {
             errors.push("routing.max_body_bytes", "must be > 0");
         }
+        if self.routing.max_buffered_body_bytes < self.routing.max_body_bytes {
+            errors.push(
+                "routing.max_buffered_body_bytes",
+                "must be >= routing.max_body_bytes (one largest body must fit)",
+            );
+        }
 
         positive_finite(
             &mut errors,

@@ -78,6 +78,30 @@ pub struct EnvoyOptions {
     /// it kvrouter still tracks each request until it ends (the picker stream lives as long as
     /// the request), but learns no first-byte times from responses.
     pub observe: bool,
+    /// The tenancy header kvrouter trusts (`tenancy.header`). Envoy removes it from every
+    /// client request before any filter runs, so only Envoy itself can set it: the `jwt`
+    /// filter below, or one the operator adds. Default: none (nothing stripped; then
+    /// `tenancy.header` must not be set either).
+    pub tenant_header: Option<String>,
+    /// Verify the client's JWT and copy a claim into `tenant_header` (needs `tenant_header`).
+    /// Default: none.
+    pub jwt: Option<JwtOptions>,
+}
+
+/// Envoy's `jwt_authn` filter, as the source of the tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtOptions {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// Accepted `aud` values; empty: any.
+    pub audiences: Vec<String>,
+    /// A local JWKS file (Envoy reads it at start).
+    pub jwks_file: PathBuf,
+    /// The claim holding the tenant id.
+    pub tenant_claim: String,
+    /// Reject requests without a token (401). `false`: a request without a token passes with
+    /// no tenant (a token that is present must still verify).
+    pub required: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -97,6 +121,8 @@ impl Default for EnvoyOptions {
             max_body_bytes: 32 << 20,
             attach: true,
             observe: true,
+            tenant_header: None,
+            jwt: None,
         }
     }
 }
@@ -149,6 +175,43 @@ fn socket(addr: &SocketAddr) -> String {
     )
 }
 
+/// The `jwt_authn` filter that sets the tenant header from a verified claim (empty without
+/// [`EnvoyOptions::jwt`] or [`EnvoyOptions::tenant_header`]).
+fn jwt_filter(o: &EnvoyOptions) -> String {
+    let (Some(jwt), Some(header)) = (&o.jwt, &o.tenant_header) else {
+        return String::new();
+    };
+    let audiences = if jwt.audiences.is_empty() {
+        String::new()
+    } else {
+        let list: Vec<String> = jwt.audiences.iter().map(|a| format!("{a:?}")).collect();
+        format!("\x20                 audiences: [{}]\n", list.join(", "))
+    };
+    let requires = if jwt.required {
+        "{provider_name: tenant}"
+    } else {
+        "{requires_any: {requirements: [{provider_name: tenant}, {allow_missing: {}}]}}"
+    };
+    format!(
+        "\x20         # The tenant: a claim of a verified JWT, copied into the header kvrouter trusts\n\
+         \x20         # (the client's own copy was removed above). An invalid token is a 401.\n\
+         \x20         - name: envoy.filters.http.jwt_authn\n\
+         \x20           typed_config:\n\
+         \x20             \"@type\": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication\n\
+         \x20             providers:\n\
+         \x20               tenant:\n\
+         \x20                 issuer: {issuer:?}\n{audiences}\
+         \x20                 local_jwks: {{filename: {jwks:?}}}\n\
+         \x20                 claim_to_headers: [{{header_name: {header}, claim_name: {claim}}}]\n\
+         \x20             rules:\n\
+         \x20             - match: {{prefix: \"/\"}}\n\
+         \x20               requires: {requires}\n",
+        issuer = jwt.issuer,
+        jwks = jwt.jwks_file.display().to_string(),
+        claim = jwt.tenant_claim,
+    )
+}
+
 /// Renders the bootstrap YAML.
 pub fn render(o: &EnvoyOptions) -> String {
     let header = &o.destination_header;
@@ -177,7 +240,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20           typed_config:\n\
          \x20             \"@type\": type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation\n\
          \x20             mutations:\n\
-         \x20             - remove: {header}\n\
+         \x20             - remove: {header}\n{strip_tenant}\
          \x20         http2_protocol_options:\n\
          \x20           initial_stream_window_size: 65536\n\
          \x20           initial_connection_window_size: 1048576\n\
@@ -199,6 +262,13 @@ pub fn render(o: &EnvoyOptions) -> String {
         admin = socket(&o.admin),
         listen = socket(&o.listen),
         max_body = o.max_body_bytes,
+        strip_tenant = match &o.tenant_header {
+            Some(t) => format!(
+                "\x20             # The tenant kvrouter trusts: never the client's, only Envoy's own.\n\
+                 \x20             - remove: {t}\n"
+            ),
+            None => String::new(),
+        },
     );
     let retry = "\x20                 timeout: 0s\n\
          \x20                 retry_policy:\n\
@@ -266,6 +336,7 @@ pub fn render(o: &EnvoyOptions) -> String {
         let _ = write!(
         y,
         "\x20         http_filters:\n\
+         {jwt}\
          \x20         # The picker: parses the request, answers with the destination.\n\
          \x20         - name: envoy.filters.http.ext_proc\n\
          \x20           typed_config:\n\
@@ -288,8 +359,9 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20             route_cache_action: {route_cache}\n\
          \x20             mutation_rules:\n\
          \x20               disallow_all: true\n\
-         \x20               # Our own headers, and those of the errors kvrouter answers with.\n\
-         \x20               allow_expression: {{regex: \"^({header_re}|x-kvrouter-.*|content-type|retry-after)$\"}}\n\
+         \x20               # Our own headers, those of the errors kvrouter answers with, and the\n\
+         \x20               # length of a body it rewrote (a tenant's cache_salt).\n\
+         \x20               allow_expression: {{regex: \"^({header_re}|x-kvrouter-.*|content-type|content-length|retry-after)$\"}}\n\
          \x20             metadata_options:\n\
          \x20               receiving_namespaces: {{untyped: [\"envoy.lb\", \"kvrouter\"]}}\n\
          \x20               forwarding_namespaces: {{untyped: [\"envoy.lb.subset_hint\"]}}\n\
@@ -301,6 +373,7 @@ pub fn render(o: &EnvoyOptions) -> String {
         grpc_max = o.max_body_bytes + (1 << 20),
         header_re = regex_escape(header),
         observer = if o.observe { OBSERVER_FILTER } else { "" },
+        jwt = jwt_filter(o),
     );
     }
     // The replica cluster.

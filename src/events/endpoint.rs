@@ -77,6 +77,7 @@ impl EndpointEvents {
             attach: crate::config::KvEventsAttach::Connect(format!("tcp://127.0.0.1:{port}")),
             topic: String::new(),
             group_idx: 0,
+            replay: None,
         };
         let rehash = Rehash {
             model: "m".into(),

@@ -50,6 +50,8 @@ struct RunningSocket {
     task: tokio::task::JoinHandle<()>,
     /// The subscription filter a connecting socket was started with.
     topic: String,
+    /// The replay socket a connecting socket was started with.
+    replay: Option<String>,
     /// The resolved address of a bound socket.
     bound: Option<String>,
 }
@@ -247,6 +249,7 @@ impl KvEvents {
         let mut first_error = None;
         for (attach, eps) in by_socket {
             let topic = eps[0].spec.topic.clone();
+            let replay = eps[0].spec.replay.clone();
             let routes = Routes {
                 endpoints: eps
                     .iter()
@@ -254,8 +257,8 @@ impl KvEvents {
                     .collect(),
             };
             if let Some(running) = sockets.get(&attach) {
-                let same_filter =
-                    matches!(attach, KvEventsAttach::Bind(_)) || running.topic == topic;
+                let same_filter = matches!(attach, KvEventsAttach::Bind(_))
+                    || (running.topic == topic && running.replay == replay);
                 if same_filter && !running.task.is_finished() {
                     running.routes.store(Arc::new(routes));
                     continue;
@@ -268,6 +271,7 @@ impl KvEvents {
                     tokio::spawn(subscriber::run_connect(
                         endpoint.clone(),
                         topic.clone(),
+                        replay.clone(),
                         Arc::clone(&routes),
                         Arc::clone(shared),
                     )),
@@ -292,6 +296,7 @@ impl KvEvents {
                             routes,
                             task,
                             topic,
+                            replay,
                             bound,
                         },
                     );

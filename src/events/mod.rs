@@ -21,15 +21,17 @@
 //!
 //! # Which namespace an engine block belongs to
 //!
-//! The router hashes a request in `Namespace::new(base model, adapter, tenant salt)
-//! .with_cache_salt(cache_salt)`. An engine block is re-hashed in
+//! The router hashes a request in `Namespace::new(base model, adapter, None)
+//! .with_cache_salt(cache_salt)`, where `cache_salt` is the one the engine receives: the
+//! tenant's keyed salt the router writes into the body (`tenancy.inject_cache_salt`), or else
+//! the client's own. An engine block is re-hashed in
 //! `Namespace::new(model, lora_name, None).with_cache_salt(salt)` where `model` is the
 //! endpoint's first configured model (an engine serves one base model), `lora_name` comes from
 //! the event and `salt` is the string key vLLM appends to the extra keys of a sequence's first
-//! block when the request had a `cache_salt`. The two agree for every request without a tenant
-//! salt. The engine does not know our tenants, so a tenant-salted request never matches blocks
-//! learned from events (only its own predictions): the engine shares its cache across tenants
-//! that send no `cache_salt`, and the router's tenant isolation must not be bypassed by it.
+//! block when the request had a `cache_salt`. The two agree for every request, tenants
+//! included. Only with injection turned off does a tenant's request hash in a router-only
+//! namespace (`Namespace::new(.., tenant salt)`) that events never confirm: the engine then
+//! shares its cache across tenants, and the router's isolation must not be bypassed by it.
 //! Blocks whose extra keys hold anything else (multimodal items, prompt-embedding digests), an
 //! adapter known only by integer id, or whose parent we never saw, map to no block of ours,
 //! and neither do their children: we cannot reproduce their hashes.
@@ -53,6 +55,7 @@ mod blocks;
 mod endpoint;
 mod hub;
 mod msgpack;
+mod replay;
 mod state;
 mod subscriber;
 pub mod wire;

@@ -26,6 +26,7 @@ use zeromq::{Endpoint, Host, Socket, SocketEvent, SocketRecv, SubSocket, ZmqMess
 
 use super::apply::{apply_and_publish, decode};
 use super::endpoint::{EndpointEvents, Shared};
+use super::replay::{self, Overlap};
 use super::state::Reason;
 
 /// The endpoints a socket feeds, with their topics.
@@ -54,10 +55,13 @@ impl Routes {
 /// How long to wait before retrying a failed connect or after a receive error.
 const RETRY: Duration = Duration::from_millis(200);
 
-/// Runs a connecting socket until the task is aborted.
+/// Runs a connecting socket until the task is aborted. With `replay` (the publisher's replay
+/// socket), each connect first fetches and applies the publisher's buffered batches (see
+/// [`replay`]).
 pub(crate) async fn run_connect(
     endpoint: String,
     topic: String,
+    replay: Option<String>,
     routes: Arc<ArcSwap<Routes>>,
     shared: Arc<Shared>,
 ) {
@@ -78,7 +82,60 @@ pub(crate) async fn run_connect(
         for (_, ep) in &routes.load().endpoints {
             ep.connected(&shared);
         }
-        receive(&mut socket, &mut monitor, &routes, &shared, None).await;
+        // Subscribed first, then replayed: a batch published in between is in both, and the
+        // overlap filter drops its live copy.
+        let mut overlap = Overlap::default();
+        if let Some(replay_endpoint) = &replay {
+            overlap = Overlap::after(replay_into(replay_endpoint, &topic, &routes, &shared).await);
+        }
+        receive(
+            &mut socket,
+            &mut monitor,
+            &routes,
+            &shared,
+            None,
+            &mut overlap,
+        )
+        .await;
+    }
+}
+
+/// Fetches the publisher's buffered batches and applies them in order; returns the last
+/// sequence applied.
+async fn replay_into(
+    endpoint: &str,
+    topic: &str,
+    routes: &ArcSwap<Routes>,
+    shared: &Shared,
+) -> Option<u64> {
+    let started = std::time::Instant::now();
+    match replay::fetch(endpoint, 0).await {
+        Ok(batches) => {
+            let last = batches.last().map(|(seq, _)| *seq);
+            let count = batches.len();
+            let topic = Bytes::copy_from_slice(topic.as_bytes());
+            for (seq, payload) in batches {
+                let message = ZmqMessage::try_from(vec![
+                    topic.clone(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    payload,
+                ])
+                .expect("three frames");
+                deliver(message, routes, shared, &mut Overlap::default());
+            }
+            tracing::info!(
+                %endpoint,
+                batches = count,
+                first_seq = ?last.map(|l| l + 1 - count as u64),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "kv events: replayed the publisher's buffer"
+            );
+            last
+        }
+        Err(e) => {
+            tracing::warn!(%endpoint, "kv events: replay failed, live events only: {e}");
+            None
+        }
     }
 }
 
@@ -104,6 +161,7 @@ pub(crate) async fn start_bind(
             &routes,
             &shared,
             Some(&mut peers),
+            &mut Overlap::default(),
         )
         .await;
     });
@@ -117,11 +175,12 @@ async fn receive(
     routes: &ArcSwap<Routes>,
     shared: &Shared,
     mut peers: Option<&mut HashMap<PeerIdentity, IpAddr>>,
+    overlap: &mut Overlap,
 ) {
     loop {
         tokio::select! {
             received = socket.recv() => match received {
-                Ok(message) => deliver(message, routes, shared),
+                Ok(message) => deliver(message, routes, shared, overlap),
                 Err(e) => {
                     tracing::debug!("kv events: receive error: {e}");
                     tokio::time::sleep(RETRY).await;
@@ -183,9 +242,12 @@ fn on_socket_event(
     }
 }
 
-/// Decodes a message and applies it to its endpoint.
-fn deliver(message: ZmqMessage, routes: &ArcSwap<Routes>, shared: &Shared) {
+/// Decodes a message and applies it to its endpoint (unless a replay already did).
+fn deliver(message: ZmqMessage, routes: &ArcSwap<Routes>, shared: &Shared, overlap: &mut Overlap) {
     let frames: Vec<Bytes> = message.into_vec();
+    if !overlap.is_new(frames.get(1).map(|f| &f[..])) {
+        return;
+    }
     let routes = routes.load();
     let topic = frames.first().map_or(&[][..], |t| &t[..]);
     let Some(ep) = routes.find(topic) else {

@@ -111,6 +111,28 @@ pub fn route(slot: Slot, header: &str, destination: &str, pick: u64) -> Processi
     }
 }
 
+/// Tells Envoy the request body of a `route` reply changed to `len` bytes: sets
+/// `content-length`, and in `BUFFERED` mode (`body` given) replaces the body itself. In
+/// full-duplex mode the new bytes go out as the echoed chunks instead.
+pub fn body_changed(reply: &mut ProcessingResponse, len: usize, body: Option<Vec<u8>>) {
+    use processing_response::Response as R;
+    let common = match &mut reply.response {
+        Some(R::RequestHeaders(h)) => h.response.get_or_insert_with(Default::default),
+        Some(R::RequestBody(b)) => b.response.get_or_insert_with(Default::default),
+        _ => return,
+    };
+    common
+        .header_mutation
+        .get_or_insert_with(Default::default)
+        .set_headers
+        .push(header_option("content-length", &len.to_string()));
+    if let Some(body) = body {
+        common.body_mutation = Some(BodyMutation {
+            mutation: Some(body_mutation::Mutation::Body(body)),
+        });
+    }
+}
+
 /// The pick id the picker wrote, as forwarded to an observer stream.
 pub fn pick_id(metadata: Option<&Metadata>) -> Option<u64> {
     let value = metadata?

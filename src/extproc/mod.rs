@@ -5,10 +5,12 @@
 //! snapshot and a decision, parks the decision's ticket until the response shows up, and hands
 //! the ticket the facts it reads off the response. It scores nothing and writes no table.
 
+mod budget;
 mod envoy;
 pub mod inflight;
 mod observe;
 mod reject;
+mod salt;
 pub mod stream;
 #[cfg(test)]
 mod stream_tests;

@@ -31,6 +31,30 @@ impl Rejection {
         }
     }
 
+    /// 400: a tenant's request whose body is not a JSON object with a string `cache_salt` (or
+    /// none): it cannot be given the tenant's salt, and must not reach the engine without it.
+    pub fn unsaltable() -> Rejection {
+        Rejection {
+            status: 400,
+            message:
+                "Request body must be a JSON object whose cache_salt, if present, is a string."
+                    .into(),
+            kind: "invalid_request_error",
+            param: Some("cache_salt".into()),
+        }
+    }
+
+    /// 503: taking this body would pass `routing.max_buffered_body_bytes` (all streams' bodies
+    /// together); the client may retry after `retry-after`.
+    pub fn bodies_busy() -> Rejection {
+        Rejection {
+            status: 503,
+            message: "The router is holding too many request bodies; retry later.".into(),
+            kind: "server_overloaded",
+            param: None,
+        }
+    }
+
     /// 500: the router could not finish its own work (shutting down).
     pub fn internal() -> Rejection {
         Rejection {

@@ -40,10 +40,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 
+use super::budget;
 use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
 use super::observe::ResponseObserver;
 use super::reject::Rejection;
+use super::salt;
 use crate::otel::{DecisionSpan, RemoteParent};
 use crate::request::{self, ApiKind};
 use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
@@ -87,6 +89,8 @@ struct Pending {
     tenant: Option<String>,
     request_id: String,
     body: Vec<u8>,
+    /// `body`'s share of the process-wide buffered-body budget.
+    held: budget::HeldBody,
     /// End offset of each received chunk, to echo chunks back with their original boundaries.
     chunk_ends: Vec<usize>,
     /// The gateway's trace context, kept only while tracing is on.
@@ -232,6 +236,7 @@ impl Stream {
             tenant,
             request_id: self.request_id.clone(),
             body: Vec::new(),
+            held: Default::default(),
             chunk_ends: Vec::new(),
             trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
@@ -283,6 +288,7 @@ impl Stream {
                 tenant: None,
                 request_id: self.request_id.clone(),
                 body: Vec::new(),
+                held: Default::default(),
                 chunk_ends: Vec::new(),
                 trace: None,
             });
@@ -307,6 +313,12 @@ impl Stream {
         if pending.body.len() + b.body.len() > limit {
             DecisionSpan::start(pending.trace.as_ref(), &pending.request_id).rejected(413);
             return self.reject(Rejection::too_large(limit), retry_after);
+        }
+        if !pending
+            .held
+            .grow(b.body.len(), routing.max_buffered_body_bytes)
+        {
+            return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.body.extend_from_slice(&b.body);
         pending.chunk_ends.push(pending.body.len());
@@ -352,7 +364,7 @@ impl Stream {
         let router = Arc::clone(&self.router);
         let retry_after = pending.state.config.routing.retry_after_s;
         let span = DecisionSpan::start(pending.trace.as_ref(), &pending.request_id);
-        let (pending, result) = if pending.state.decides_slowly(pending.body.len()) {
+        let (mut pending, result) = if pending.state.decides_slowly(pending.body.len()) {
             // At most a few tokenizations at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
             let _permit = slow_decisions().acquire().await;
@@ -377,7 +389,29 @@ impl Stream {
                 span.routed(&decision);
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
-                out.push(envoy::route(slot, header, &decision.destination, id));
+                let mut reply = envoy::route(slot, header, &decision.destination, id);
+                // Tenancy: the tenant's cache_salt goes into the body the engine receives.
+                let p = &mut pending;
+                match salt::salt_request(
+                    &p.state.tenants,
+                    p.tenant.as_deref(),
+                    &mut p.body,
+                    &mut p.chunk_ends,
+                ) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        // BUFFERED: nothing is echoed afterwards, the body moves into the reply.
+                        let len = p.body.len();
+                        let buffered =
+                            (slot == Slot::RequestBody).then(|| std::mem::take(&mut p.body));
+                        envoy::body_changed(&mut reply, len, buffered);
+                    }
+                    Err(rejection) => {
+                        span.rejected(rejection.status);
+                        return self.reject(rejection, retry_after);
+                    }
+                }
+                out.push(reply);
                 tracing::debug!(
                     request_id = %self.request_id,
                     pick = id,

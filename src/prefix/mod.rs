@@ -31,7 +31,7 @@ pub mod tokenizer;
 
 pub use hash::{BlockHasher, ChainState, Namespace};
 pub use registry::TokenizerRegistry;
-pub use tenant::TenantSalts;
+pub use tenant::{TenancyError, TenantSalts};
 pub use tokenizer::{ModelTokenizer, PromptTokens};
 
 /// Bytes of text per token assumed when a model has no tokenizer configured. Byte-pair

@@ -42,19 +42,24 @@ impl DecisionLog {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Records `explanation` under `request_id` (ignored when off or the id is empty).
+    /// Records `explanation` under `request_id` (ignored when off or the id is empty). The id
+    /// comes from the client (through Envoy's `x-request-id`), so two requests may carry the
+    /// same one: a later one is kept under `id#2`, `id#3`, ... and never replaces or mixes with
+    /// the first.
     pub fn record(&self, request_id: &str, explanation: Explanation) {
         let mut inner = self.inner.lock();
         if inner.capacity == 0 || request_id.is_empty() {
             return;
         }
-        if inner
-            .by_id
-            .insert(request_id.to_string(), explanation)
-            .is_none()
-        {
-            inner.order.push_back(request_id.to_string());
+        let mut key = request_id.to_string();
+        // At most `capacity` entries exist, so a free suffix is found within capacity + 1 tries.
+        let mut n = 1;
+        while inner.by_id.contains_key(&key) {
+            n += 1;
+            key = format!("{request_id}#{n}");
         }
+        inner.by_id.insert(key.clone(), explanation);
+        inner.order.push_back(key);
         while inner.order.len() > inner.capacity {
             if let Some(old) = inner.order.pop_front() {
                 inner.by_id.remove(&old);

@@ -106,6 +106,9 @@ pub enum ApplyError {
     /// A tokenizer named by the config could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] PrefixError),
+    /// The tenancy settings could not be applied (the `cache_salt` key file).
+    #[error(transparent)]
+    Tenancy(#[from] crate::prefix::TenancyError),
 }
 
 impl Router {

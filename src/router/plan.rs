@@ -190,9 +190,23 @@ pub(crate) fn plan(
             Some(requested.to_string()),
         ),
     };
-    let salt = state.tenants.salt(ctx.tenant);
-    let ns = Namespace::new(&base_model, adapter.as_deref(), salt.as_deref())
-        .with_cache_salt(request.cache_salt.as_deref());
+    // With the tenant's salt written into the request, the engine keys the request's blocks by
+    // exactly that `cache_salt`; hashing in the same namespace is what lets its KV events
+    // confirm our predictions. Without injection the tenant salt separates our index only.
+    let injected = state
+        .tenants
+        .cache_salt(ctx.tenant, request.cache_salt.as_deref());
+    let ns = match &injected {
+        Some(cache_salt) => {
+            Namespace::new(&base_model, adapter.as_deref(), None).with_cache_salt(Some(cache_salt))
+        }
+        None => Namespace::new(
+            &base_model,
+            adapter.as_deref(),
+            state.tenants.salt(ctx.tenant).as_deref(),
+        )
+        .with_cache_salt(request.cache_salt.as_deref()),
+    };
     let prefix = state.tokenizers.identify(request, &ns);
 
     let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();

@@ -32,7 +32,7 @@ pub struct RouterState {
     pub policy: Arc<dyn Policy>,
     /// Tokenizers per model.
     pub tokenizers: Arc<TokenizerRegistry>,
-    /// Tenant -> namespace salt, and the header naming the tenant.
+    /// Tenant -> namespace salt and engine `cache_salt`, and the header naming the tenant.
     pub tenants: TenantSalts,
     /// The cost model's constants (`policy.predicted_ttft`), for the TTFT a pick is expected to
     /// show.
@@ -62,7 +62,7 @@ impl RouterState {
             _ => policy::build(&config.policy),
         };
         Ok(RouterState {
-            tenants: TenantSalts::from_config(&config.tenancy),
+            tenants: TenantSalts::from_config(&config.tenancy, base_dir)?,
             cost: CostModel::from(&config.policy.predicted_ttft),
             tokenizing: config.models.iter().any(|m| m.tokenizer.is_some()),
             // Discovered pools subscribe per endpoint as endpoints appear.

@@ -5,8 +5,10 @@
 
 mod cache;
 mod gie;
+mod series;
 mod signals;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -19,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 pub use cache::CacheMetrics;
 pub use gie::{GieMetrics, GieOutcome};
+use series::EndpointSeries;
 pub use signals::SignalMetrics;
 
 use crate::config::LogFormat;
@@ -93,7 +96,16 @@ pub struct Metrics {
     pub cache: CacheMetrics,
     /// The same facts under the Gateway API Inference Extension's names (own registry).
     pub gie: GieMetrics,
+    /// Counter series naming an endpoint, removed once it leaves the endpoint set.
+    endpoint_series: EndpointSeries<Tracked>,
     scrape_lock: Mutex<()>,
+}
+
+/// A counter series of [`Metrics`] that names an endpoint.
+#[derive(Debug)]
+enum Tracked {
+    Decision(DecisionLabels),
+    Upstream(ResponseLabels),
 }
 
 impl Default for Metrics {
@@ -186,18 +198,22 @@ impl Metrics {
             config_reloads,
             endpoint_in_flight,
             endpoint_prefill_tokens,
+            endpoint_series: EndpointSeries::default(),
             scrape_lock: Mutex::new(()),
         }
     }
 
     /// Counts a decision and its latency.
     pub fn record_decision(&self, policy: &str, endpoint: &str, took: Duration) {
-        self.decisions
-            .get_or_create(&DecisionLabels {
-                policy: policy.to_string(),
-                endpoint: endpoint.to_string(),
-            })
-            .inc();
+        let labels = DecisionLabels {
+            policy: policy.to_string(),
+            endpoint: endpoint.to_string(),
+        };
+        if self.decisions.get(&labels).is_none() {
+            self.endpoint_series
+                .note(endpoint, Tracked::Decision(labels.clone()));
+        }
+        self.decisions.get_or_create(&labels).inc();
         self.decision_seconds.observe(took.as_secs_f64());
     }
 
@@ -214,12 +230,15 @@ impl Metrics {
             100..=599 => format!("{}xx", status / 100),
             _ => "other".to_string(),
         };
-        self.upstream_responses
-            .get_or_create(&ResponseLabels {
-                endpoint: endpoint.to_string(),
-                class,
-            })
-            .inc();
+        let labels = ResponseLabels {
+            endpoint: endpoint.to_string(),
+            class,
+        };
+        if self.upstream_responses.get(&labels).is_none() {
+            self.endpoint_series
+                .note(endpoint, Tracked::Upstream(labels.clone()));
+        }
+        self.upstream_responses.get_or_create(&labels).inc();
     }
 
     /// A stream opened; the returned value closes it (with its outcome) when dropped.
@@ -255,6 +274,14 @@ impl Metrics {
     /// `endpoints` at this moment.
     pub fn render(&self, endpoints: &EndpointSet) -> String {
         let _one_scrape_at_a_time = self.scrape_lock.lock();
+        let live: HashSet<&str> = endpoints.all().iter().map(|ep| &*ep.address_str).collect();
+        for gone in self.endpoint_series.prune(&live) {
+            match gone {
+                Tracked::Decision(l) => self.decisions.remove(&l),
+                Tracked::Upstream(l) => self.upstream_responses.remove(&l),
+            };
+        }
+        self.signals.forget_gone(&live);
         self.endpoint_in_flight.clear();
         self.endpoint_prefill_tokens.clear();
         self.signals.refresh(endpoints);

@@ -2,8 +2,10 @@
 //! state, ejections, and what was learned per endpoint.
 //!
 //! Per-endpoint gauges are recomputed from the endpoint set at every render (so removed
-//! endpoints disappear); counters and histograms are updated where the events happen.
+//! endpoints disappear); counters and histograms are updated where the events happen, and the
+//! series of an endpoint are removed at the first render after it left the set.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -14,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::series::EndpointSeries;
 use super::EndpointLabels;
 use crate::config::{Config, HealthConfig, LearningConfig};
 use crate::discovery::{Endpoint, EndpointSet};
@@ -74,6 +77,17 @@ pub struct SignalMetrics {
     ttft_residual: Family<EndpointLabels, FloatGauge>,
     stale_decisions: Family<PolicyLabels, Counter>,
     config: Mutex<(HealthConfig, LearningConfig)>,
+    /// Series naming an endpoint, removed once it leaves the endpoint set.
+    endpoint_series: EndpointSeries<Tracked>,
+}
+
+/// A series of [`SignalMetrics`] that is not rebuilt per scrape and names an endpoint.
+#[derive(Debug)]
+enum Tracked {
+    Scrape(EndpointLabels),
+    ScrapeError(ScrapeErrorLabels),
+    Health(HealthChangeLabels),
+    Ejection(EjectionLabels),
 }
 
 fn labels(ep: &Endpoint) -> EndpointLabels {
@@ -104,6 +118,7 @@ impl SignalMetrics {
             ttft_residual: Family::default(),
             stale_decisions: Family::default(),
             config: Mutex::new(Default::default()),
+            endpoint_series: EndpointSeries::default(),
         };
         registry.register(
             "scrape_duration_seconds",
@@ -180,35 +195,49 @@ impl SignalMetrics {
 
     /// Counts one scrape of `ep` that took `took`, failed with `error` (a kind) if it did.
     pub fn record_scrape(&self, ep: &Endpoint, took: Duration, error: Option<&'static str>) {
+        let l = labels(ep);
+        if self.scrape_seconds.get(&l).is_none() {
+            self.endpoint_series
+                .note(&ep.address_str, Tracked::Scrape(l.clone()));
+        }
         self.scrape_seconds
-            .get_or_create(&labels(ep))
+            .get_or_create(&l)
             .observe(took.as_secs_f64());
         if let Some(kind) = error {
-            self.scrape_errors
-                .get_or_create(&ScrapeErrorLabels {
-                    endpoint: ep.address_str.to_string(),
-                    kind: kind.to_string(),
-                })
-                .inc();
+            let l = ScrapeErrorLabels {
+                endpoint: ep.address_str.to_string(),
+                kind: kind.to_string(),
+            };
+            if self.scrape_errors.get(&l).is_none() {
+                self.endpoint_series
+                    .note(&ep.address_str, Tracked::ScrapeError(l.clone()));
+            }
+            self.scrape_errors.get_or_create(&l).inc();
         }
     }
 
     /// Counts a change of `ep`'s health.
     pub fn record_health_change(&self, ep: &Endpoint, change: Change) {
-        self.health_changes
-            .get_or_create(&HealthChangeLabels {
+        let l = HealthChangeLabels {
+            endpoint: ep.address_str.to_string(),
+            cause: change.cause.as_str().to_string(),
+            to: change.to.to_string(),
+        };
+        if self.health_changes.get(&l).is_none() {
+            self.endpoint_series
+                .note(&ep.address_str, Tracked::Health(l.clone()));
+        }
+        self.health_changes.get_or_create(&l).inc();
+        if change.is_ejection() {
+            let l = EjectionLabels {
                 endpoint: ep.address_str.to_string(),
                 cause: change.cause.as_str().to_string(),
-                to: change.to.to_string(),
-            })
-            .inc();
-        if change.is_ejection() {
-            self.ejections
-                .get_or_create(&EjectionLabels {
-                    endpoint: ep.address_str.to_string(),
-                    cause: change.cause.as_str().to_string(),
-                })
-                .inc();
+            };
+            if self.ejections.get(&l).is_none() {
+                self.endpoint_series
+                    .note(&ep.address_str, Tracked::Ejection(l.clone()));
+            }
+            self.ejections.get_or_create(&l).inc();
         }
     }
 
@@ -219,6 +248,18 @@ impl SignalMetrics {
                 policy: policy.to_string(),
             })
             .inc();
+    }
+
+    /// Removes the series of endpoints not in `live` (addresses of the current set).
+    pub(super) fn forget_gone(&self, live: &HashSet<&str>) {
+        for gone in self.endpoint_series.prune(live) {
+            match gone {
+                Tracked::Scrape(l) => self.scrape_seconds.remove(&l),
+                Tracked::ScrapeError(l) => self.scrape_errors.remove(&l),
+                Tracked::Health(l) => self.health_changes.remove(&l),
+                Tracked::Ejection(l) => self.ejections.remove(&l),
+            };
+        }
     }
 
     /// Recomputes the per-endpoint gauges from `endpoints`.

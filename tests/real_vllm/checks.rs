@@ -254,3 +254,50 @@ pub async fn bypassed_prefix_found_through_events(f: &Fleet) -> String {
         routed.cached_tokens,
     )
 }
+
+/// Warm start (issue 14): a kvrouter started after X cached prefixes learns X's blocks from its
+/// replay socket (vLLM's `replay_endpoint`) within seconds, with a complete view; one started
+/// at the same moment without it knows none of them (no traffic meanwhile).
+pub async fn a_late_router_learns_from_the_replay_socket(f: &Fleet) -> String {
+    let x = f.addrs[0];
+    let blocks = |e: &serde_json::Value| e["kv_events"]["engine_blocks"].as_u64().unwrap_or(0);
+    let held = blocks(&f.endpoint(x).await);
+    assert!(
+        held > 0,
+        "the router under test tracks no engine blocks of X: the earlier checks should have filled it"
+    );
+    let started = Instant::now();
+    let late = f.start_late_router(true);
+    let plain = f.start_late_router(false);
+    let seen = eventually(
+        "the late router's view of X, from the replay socket",
+        EVENTS_LAG,
+        || async {
+            let n = blocks(&f.endpoint_at(late.admin, x).await);
+            (n >= held).then_some(n)
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    let with = f.endpoint_at(late.admin, x).await;
+    let without = f.endpoint_at(plain.admin, x).await;
+    assert_eq!(
+        seen, held,
+        "the replay gave exactly the blocks the running router tracks"
+    );
+    assert_eq!(
+        with["kv_events"]["state"], "trusted",
+        "a replay from sequence 0 is a complete view: {with}"
+    );
+    assert_eq!(
+        blocks(&without),
+        0,
+        "without the replay socket nothing stored before it started is known: {without}"
+    );
+    format!(
+        "late router with replay knew X's {seen} engine blocks (trusted) {:.1} s after its start; \
+         the one without replay knew 0 (state {})",
+        took.as_secs_f64(),
+        without["kv_events"]["state"]
+    )
+}

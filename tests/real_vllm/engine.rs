@@ -71,6 +71,8 @@ pub struct Vllm {
     pub addr: SocketAddr,
     /// The port its KV-event publisher binds (on every interface; kvrouter uses 127.0.0.1).
     pub events_port: u16,
+    /// The port its KV-event replay socket (`replay_endpoint`) binds.
+    pub replay_port: u16,
     cpu: usize,
     setup: Setup,
     log: PathBuf,
@@ -87,11 +89,13 @@ impl Vllm {
         cpu: usize,
         http_port: u16,
         events_port: u16,
+        replay_port: u16,
     ) -> Vllm {
         let v = Vllm {
             name: name.to_string(),
             addr: SocketAddr::from(([127, 0, 0, 1], http_port)),
             events_port,
+            replay_port,
             cpu,
             setup: setup.clone(),
             log: dir.join(format!("{name}.log")),
@@ -106,6 +110,11 @@ impl Vllm {
         format!("tcp://127.0.0.1:{}", self.events_port)
     }
 
+    /// kvrouter's `kv_events.replay` for this server.
+    pub fn events_replay(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.replay_port)
+    }
+
     fn spawn(&self) {
         let mut slot = self.child.lock().expect("child lock");
         assert!(slot.is_none(), "{} is already running", self.name);
@@ -118,6 +127,7 @@ impl Vllm {
             "enable_kv_cache_events": true,
             "publisher": "zmq",
             "endpoint": format!("tcp://*:{}", self.events_port),
+            "replay_endpoint": format!("tcp://*:{}", self.replay_port),
         });
         let mut cmd = Command::new(&self.setup.vllm);
         cmd.arg("serve")

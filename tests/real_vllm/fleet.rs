@@ -45,9 +45,9 @@ impl Fleet {
             .timeout(Duration::from_secs(120))
             .build()
             .expect("client");
-        let ports = free_ports(4);
-        let r0 = Vllm::start(&setup, dir, "vllm-x", 0, ports[0], ports[1]);
-        let r1 = Vllm::start(&setup, dir, "vllm-y", 1, ports[2], ports[3]);
+        let ports = free_ports(6);
+        let r0 = Vllm::start(&setup, dir, "vllm-x", 0, ports[0], ports[1], ports[4]);
+        let r1 = Vllm::start(&setup, dir, "vllm-y", 1, ports[2], ports[3], ports[5]);
         let (t0, t1) = tokio::join!(r0.wait_ready(&client), r1.wait_ready(&client));
         println!(
             "vLLM ready: {} in {:.0} s, {} in {:.0} s",
@@ -57,7 +57,7 @@ impl Fleet {
             t1.as_secs_f64()
         );
         let addrs = [r0.addr, r1.addr];
-        let router = start_router(dir, &router_yaml(dir, &setup, &[&r0, &r1]));
+        let router = start_router(dir, &router_yaml(dir, &setup, &[&r0, &r1], false));
         let envoy_yaml = testkit::envoy_yaml(
             &router,
             dir,
@@ -120,11 +120,12 @@ impl Fleet {
 
     /// kvrouter's row for `addr` in `/debug/endpoints`.
     pub async fn endpoint(&self, addr: SocketAddr) -> serde_json::Value {
-        let table = get_json(
-            self.client
-                .get(format!("http://{}/debug/endpoints", self.router.admin)),
-        )
-        .await;
+        self.endpoint_at(self.router.admin, addr).await
+    }
+
+    /// The row for `addr` in `/debug/endpoints` of the kvrouter whose admin server is `admin`.
+    pub async fn endpoint_at(&self, admin: SocketAddr, addr: SocketAddr) -> serde_json::Value {
+        let table = get_json(self.client.get(format!("http://{admin}/debug/endpoints"))).await;
         table["endpoints"]
             .as_array()
             .expect("endpoints")
@@ -132,6 +133,15 @@ impl Fleet {
             .find(|e| e["address"] == addr.to_string())
             .cloned()
             .unwrap_or_else(|| panic!("no endpoint {addr} in {table}"))
+    }
+
+    /// A second kvrouter (its own directory, config and EDS file) subscribed to X only, with X's
+    /// replay socket when `replay`: a router that starts after X cached prefixes.
+    pub fn start_late_router(&self, replay: bool) -> Router {
+        let dir = self.dir.join(if replay { "late-replay" } else { "late" });
+        std::fs::create_dir_all(&dir).expect("late router dir");
+        let yaml = router_yaml(&dir, &self.setup, &[&self.replicas[0]], replay);
+        start_router(&dir, &yaml)
     }
 
     /// `state` and `reason` of `addr`'s KV-event stream, e.g. ("distrusted", "silent").
@@ -211,13 +221,19 @@ impl Fleet {
 }
 
 /// kvrouter's config: the model's own tokenizer and chat template (the vLLM model dir), each
-/// replica's publisher, decisions recorded for `/debug/decisions`.
-fn router_yaml(dir: &Path, setup: &Setup, replicas: &[&Vllm]) -> String {
+/// replica's publisher (and its replay socket when `replay`), decisions recorded for
+/// `/debug/decisions`.
+pub fn router_yaml(dir: &Path, setup: &Setup, replicas: &[&Vllm], replay: bool) -> String {
     let endpoints: String = replicas
         .iter()
         .map(|r| {
+            let replay = if replay {
+                format!(", replay: \"{}\"", r.events_replay())
+            } else {
+                String::new()
+            };
             format!(
-                "      - address: \"{}\"\n        kv_events: {{connect: \"{}\"}}\n",
+                "      - address: \"{}\"\n        kv_events: {{connect: \"{}\"{replay}}}\n",
                 r.addr,
                 r.events_connect()
             )

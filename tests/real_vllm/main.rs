@@ -97,6 +97,13 @@ async fn kvrouter_and_envoy_in_front_of_two_real_vllm_replicas() {
         })
         .await,
     );
+    let g = f.clone();
+    outcomes.push(
+        run("a_late_router_learns_from_the_replay_socket", async move {
+            checks::a_late_router_learns_from_the_replay_socket(&g).await
+        })
+        .await,
+    );
     outcomes.push(
         run(
             "a_killed_replica_costs_no_request",
@@ -137,7 +144,7 @@ async fn kvrouter_and_envoy_in_front_of_two_real_vllm_replicas() {
         .iter()
         .filter_map(|o| o.result.as_ref().err().map(|e| format!("{}: {e}", o.name)))
         .collect();
-    assert_eq!(outcomes.len(), 7);
+    assert_eq!(outcomes.len(), 8);
     assert!(
         failed.is_empty(),
         "{} of {} checks failed:\n{}",

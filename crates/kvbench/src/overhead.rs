@@ -109,6 +109,7 @@ pub async fn measure(
             model,
             tokenizer: None,
             tenant_header: None,
+            inject_cache_salt: true,
             eds_path: &eds,
             endpoints: &[EndpointInfo {
                 name: "r0".into(),

@@ -66,6 +66,10 @@ pub struct RouterInputs<'a> {
     pub tokenizer: Option<&'a Path>,
     /// The tenancy header, if the workload has tenants.
     pub tenant_header: Option<&'a str>,
+    /// kvrouter writes each tenant's `cache_salt` into its requests
+    /// (`tenancy.inject_cache_salt`). `false` only for the unsalted negative control, whose
+    /// point is that engines do share blocks between tenants.
+    pub inject_cache_salt: bool,
     /// Where kvrouter writes the EDS file for Envoy.
     pub eds_path: &'a Path,
     /// The endpoints.
@@ -111,6 +115,9 @@ pub fn render_scaled(policy: &PolicySpec, inputs: &RouterInputs<'_>) -> (String,
     if let Some(h) = inputs.tenant_header {
         let mut m = Mapping::new();
         m.insert("header".into(), Value::String(h.to_ascii_lowercase()));
+        if !inputs.inject_cache_salt {
+            m.insert("inject_cache_salt".into(), Value::Bool(false));
+        }
         root.insert("tenancy".into(), Value::Mapping(m));
     }
     let endpoints: Vec<Value> = inputs
@@ -289,6 +296,7 @@ mod tests {
             model: "demo-model",
             tokenizer: None,
             tenant_header: Some("X-Tenant-Id"),
+            inject_cache_salt: true,
             eds_path: eds,
             endpoints: eps,
             time_scale: 1.0,

@@ -337,6 +337,9 @@ async fn run_stack(
     let bins = &o.binaries;
     let eds = dir.join("eds.json");
     let tenant_header = trace.tenant_header.clone();
+    // The unsalted multi-tenant control sends no cache_salt and must see engines share: the
+    // router then leaves bodies as sent.
+    let inject_cache_salt = trace.requests.iter().any(|r| r.cache_salt.is_some());
     let model = plan.model.clone();
     let tokenizer = plan.router_tokenizer.then(|| tok_dir.to_path_buf());
     let policy = p.clone();
@@ -353,6 +356,7 @@ async fn run_stack(
                 model: &model,
                 tokenizer: tokenizer.as_deref(),
                 tenant_header: tenant_header.as_deref(),
+                inject_cache_salt,
                 eds_path: &eds,
                 endpoints: eps,
                 time_scale: router_scale,

@@ -85,6 +85,12 @@ pub struct KvEventsConfig {
     /// Bind `endpoint` even though its host is not a wildcard (e.g. `tcp://127.0.0.1:0`, so a
     /// test's publisher listens on loopback only). vLLM has no such switch. Default false.
     pub bind: bool,
+    /// vLLM's `replay_endpoint`: a ROUTER socket bound here serves the last `buffer_steps`
+    /// batches to a subscriber that asks (one that started late or reconnected). Bound as
+    /// given (port 0 allowed). Default none.
+    pub replay_endpoint: Option<String>,
+    /// Batches kept for replay (vLLM's `buffer_steps`). Default 10,000.
+    pub buffer_steps: usize,
 }
 
 impl Default for KvEventsConfig {
@@ -93,6 +99,8 @@ impl Default for KvEventsConfig {
             endpoint: "tcp://*:5557".into(),
             topic: String::new(),
             bind: false,
+            replay_endpoint: None,
+            buffer_steps: 10_000,
         }
     }
 }
@@ -364,6 +372,14 @@ impl ReplicaConfig {
         if let Some(kv) = &self.kv_events {
             if let Err(message) = super::publisher::parse_endpoint(&kv.endpoint, kv.bind) {
                 push("kv_events.endpoint", message);
+            }
+            if let Some(replay) = &kv.replay_endpoint {
+                if let Err(message) = super::publisher::parse_endpoint(replay, true) {
+                    push("kv_events.replay_endpoint", message);
+                }
+            }
+            if kv.buffer_steps == 0 {
+                push("kv_events.buffer_steps", "must be > 0".into());
             }
         }
         match &self.output_length {

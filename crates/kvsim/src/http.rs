@@ -66,6 +66,9 @@ impl RunningReplica {
         if let Some(kv) = self.replica.kv_events_endpoint() {
             line.push_str(&format!(",\"kv_events\":{}", quote(kv)));
         }
+        if let Some(replay) = self.replica.kv_events_replay() {
+            line.push_str(&format!(",\"kv_events_replay\":{}", quote(replay)));
+        }
         line.push('}');
         line
     }

@@ -95,7 +95,9 @@
 //!   or delivers its next token (vLLM aborts at once), so a running prefill chunk completes.
 //! - `POST /admin/drop-cache` works while requests run (vLLM's `reset_prefix_cache` refuses);
 //!   its `AllBlocksCleared` is published at once instead of with the next step.
-//! - No KV-event replay socket, no data parallelism (`data_parallel_rank` is 0), no CPU offload
+//! - The KV-event replay socket (`replay_endpoint`, `--kv-events-replay`) serves the buffer as
+//!   vLLM's does, but a simulated restart keeps the socket bound (only the buffer empties).
+//! - No data parallelism (`data_parallel_rank` is 0), no CPU offload
 //!   tier (`medium` is always `GPU`), no priority scheduling, no LoRA slot limit.
 //! - Metrics: a subset of vLLM's (the ones routers read); TTFT/e2e are measured in real time, so
 //!   under `time_scale` they shrink with it. `request_success_total{finished_reason="abort"}`
@@ -119,6 +121,7 @@ pub mod metrics;
 pub mod openai;
 pub mod profile;
 pub mod publisher;
+pub mod replay;
 pub mod replica;
 pub mod request;
 pub mod scheduler;

@@ -67,6 +67,10 @@ struct Args {
     /// `tcp://127.0.0.1:0`: a publisher that listens on loopback only).
     #[arg(long)]
     kv_events_bind: bool,
+    /// Serve the last batches on a replay socket bound here (vLLM's `replay_endpoint`, e.g.
+    /// `tcp://*:5558` or `tcp://127.0.0.1:0`).
+    #[arg(long)]
+    kv_events_replay: Option<String>,
     /// A Hugging Face tokenizer: a `tokenizer.json`, or a directory holding it and (optionally)
     /// `tokenizer_config.json` with the chat template. Default: the word-piece fallback.
     #[arg(long)]
@@ -95,6 +99,8 @@ impl Args {
                     endpoint: endpoint.clone(),
                     topic: self.kv_topic.clone(),
                     bind: self.kv_events_bind,
+                    replay_endpoint: self.kv_events_replay.clone(),
+                    ..KvEventsConfig::default()
                 }),
                 tokenizer: self.tokenizer.as_deref().map(TokenizerPaths::from_path),
                 ..ReplicaConfig::default()

@@ -8,7 +8,9 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
+use super::config::KvEventsConfig;
 use super::kv_events::{encode_batch, KvEvent};
+use super::replay::{self, ReplayBuffer};
 
 /// How the PUB socket attaches to an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +58,9 @@ pub enum PublisherError {
     /// The endpoint is not one we support.
     #[error("kv_events.endpoint {0}")]
     Endpoint(String),
+    /// The replay endpoint is not one we support.
+    #[error("kv_events.replay_endpoint {0}")]
+    ReplayEndpoint(String),
     /// The socket could not bind.
     #[error("cannot bind {endpoint}: {source}")]
     Bind {
@@ -72,17 +77,39 @@ pub struct Publisher {
     /// The endpoint a subscriber uses: `tcp://127.0.0.1:PORT` when bound (port resolved), the
     /// configured endpoint when connecting.
     pub endpoint: String,
+    /// Where its replay socket listens (`tcp://127.0.0.1:PORT` for a wildcard or loopback
+    /// bind), when it has one.
+    pub replay: Option<String>,
     /// Feeds the publisher task.
     pub tx: mpsc::UnboundedSender<PublisherMsg>,
     /// The publisher task.
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Starts a publisher on `endpoint` with `topic` (`bind`: see [`parse_endpoint`]). Binding
-/// happens before this returns (so the port is known); connecting happens in the background
-/// (the subscriber may start later).
-pub async fn start(endpoint: &str, topic: &str, bind: bool) -> Result<Publisher, PublisherError> {
-    let attach = parse_endpoint(endpoint, bind).map_err(PublisherError::Endpoint)?;
+/// Starts a publisher per `kv` (endpoint, topic, `bind`: see [`parse_endpoint`]; replay
+/// socket). Binding happens before this returns (so the ports are known); connecting happens
+/// in the background (the subscriber may start later).
+pub async fn start(kv: &KvEventsConfig) -> Result<Publisher, PublisherError> {
+    let (endpoint, topic) = (kv.endpoint.as_str(), kv.topic.as_str());
+    let attach = parse_endpoint(endpoint, kv.bind).map_err(PublisherError::Endpoint)?;
+    let replay = match &kv.replay_endpoint {
+        Some(r) => {
+            let Attach::Bind(addr) =
+                parse_endpoint(r, true).map_err(PublisherError::ReplayEndpoint)?
+            else {
+                unreachable!("a forced bind")
+            };
+            let (socket, bound) =
+                replay::bind(&addr)
+                    .await
+                    .map_err(|source| PublisherError::Bind {
+                        endpoint: addr.clone(),
+                        source,
+                    })?;
+            Some((socket, loopback(&bound)))
+        }
+        None => None,
+    };
     let (socket, shown) = open(&attach).await?;
     let attach = match (&attach, &shown) {
         // A restart rebinds the same port, not a new random one.
@@ -90,15 +117,27 @@ pub async fn start(endpoint: &str, topic: &str, bind: bool) -> Result<Publisher,
         _ => attach,
     };
     let endpoint = match &shown {
-        Some(resolved) => resolved
-            .replace("0.0.0.0", "127.0.0.1")
-            .replace("[::]", "[::1]"),
+        Some(resolved) => loopback(resolved),
         None => endpoint.to_string(),
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let topic = Bytes::copy_from_slice(topic.as_bytes());
-    let task = tokio::spawn(run(socket, attach, topic, rx));
-    Ok(Publisher { endpoint, tx, task })
+    let replay_endpoint = replay.as_ref().map(|(_, e)| e.clone());
+    let replay = replay.map(|(socket, _)| (socket, ReplayBuffer::new(kv.buffer_steps)));
+    let task = tokio::spawn(run(socket, attach, topic, rx, replay));
+    Ok(Publisher {
+        endpoint,
+        replay: replay_endpoint,
+        tx,
+        task,
+    })
+}
+
+/// A bound wildcard endpoint as a local subscriber reaches it.
+fn loopback(resolved: &str) -> String {
+    resolved
+        .replace("0.0.0.0", "127.0.0.1")
+        .replace("[::]", "[::1]")
 }
 
 /// Opens a PUB socket; returns the resolved endpoint when it bound.
@@ -126,22 +165,41 @@ async fn run(
     attach: Attach,
     topic: Bytes,
     mut rx: mpsc::UnboundedReceiver<PublisherMsg>,
+    mut replay: Option<(zeromq::RouterSocket, ReplayBuffer)>,
 ) {
     let mut seq: u64 = 0;
     if let Attach::Connect(addr) = &attach {
         connect(&mut socket, addr).await;
     }
-    while let Some(msg) = rx.recv().await {
+    loop {
+        let msg = tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(msg) => msg,
+                None => return,
+            },
+            request = next_replay(&mut replay) => {
+                if let (Ok((identity, start)), Some((router, buffer))) = (request, replay.as_mut()) {
+                    match replay::answer(router, buffer, identity, start).await {
+                        Ok(n) => tracing::debug!(start, batches = n, "kv events: replay served"),
+                        Err(e) => tracing::warn!("kv events: replay answer failed: {e}"),
+                    }
+                }
+                continue;
+            }
+        };
         match msg {
             PublisherMsg::Batch(events) => {
                 let ts = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs_f64())
                     .unwrap_or(0.0);
-                let payload = encode_batch(ts, &events, 0);
+                let payload = Bytes::from(encode_batch(ts, &events, 0));
+                if let Some((_, buffer)) = replay.as_mut() {
+                    buffer.push(seq, payload.clone());
+                }
                 let mut message = ZmqMessage::from(topic.clone());
                 message.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
-                message.push_back(Bytes::from(payload));
+                message.push_back(payload);
                 if let Err(e) = socket.send(message).await {
                     tracing::warn!("kv events: send failed: {e}");
                 }
@@ -150,12 +208,26 @@ async fn run(
             PublisherMsg::Restart => {
                 drop(socket);
                 seq = 0;
+                // The restarted process remembers nothing (its replay socket stays bound here).
+                if let Some((_, buffer)) = replay.as_mut() {
+                    buffer.clear();
+                }
                 socket = match reopen(&attach).await {
                     Some(s) => s,
                     None => return,
                 };
             }
         }
+    }
+}
+
+/// The next replay request, or never without a replay socket.
+async fn next_replay(
+    replay: &mut Option<(zeromq::RouterSocket, ReplayBuffer)>,
+) -> Result<(Bytes, u64), zeromq::ZmqError> {
+    match replay {
+        Some((router, _)) => replay::next_request(router).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -56,6 +56,7 @@ pub struct Replica {
     pub(super) request_count: AtomicU64,
     pub(super) started_unix_s: u64,
     kv_events_endpoint: Option<String>,
+    kv_events_replay: Option<String>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -87,7 +88,7 @@ impl Replica {
             None => Arc::new(WordPieceTokenizer::default()),
         };
         let publisher = match &config.kv_events {
-            Some(kv) => Some(publisher::start(&kv.endpoint, &kv.topic, kv.bind).await?),
+            Some(kv) => Some(publisher::start(kv).await?),
             None => None,
         };
         let engine_cfg = EngineConfig {
@@ -106,6 +107,7 @@ impl Replica {
         let engine = Engine::new(engine_cfg, Arc::clone(&tokenizer), Arc::clone(&metrics));
         let (tx, rx) = mpsc::unbounded_channel();
         let kv_events_endpoint = publisher.as_ref().map(|p| p.endpoint.clone());
+        let kv_events_replay = publisher.as_ref().and_then(|p| p.replay.clone());
         tokio::spawn(driver::run(
             engine,
             profile,
@@ -149,6 +151,7 @@ impl Replica {
             request_count: AtomicU64::new(0),
             started_unix_s,
             kv_events_endpoint,
+            kv_events_replay,
         }))
     }
 
@@ -160,6 +163,11 @@ impl Replica {
     /// The endpoint a KV-event subscriber uses, when publishing.
     pub fn kv_events_endpoint(&self) -> Option<&str> {
         self.kv_events_endpoint.as_deref()
+    }
+
+    /// Where its replay socket listens (`tcp://127.0.0.1:PORT`), when it has one.
+    pub fn kv_events_replay(&self) -> Option<&str> {
+        self.kv_events_replay.as_deref()
     }
 
     /// The engine's sizes and limits (profile defaults resolved).

@@ -13,7 +13,7 @@ use kvsim::KvEventsConfig;
 use rmpv::Value as Mp;
 use sim_support::*;
 use tokio::time::timeout;
-use zeromq::{Socket, SocketRecv, SubSocket};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -130,8 +130,78 @@ fn events_config(endpoint: &str, topic: &str) -> kvsim::ReplicaConfig {
         topic: topic.into(),
         // Tests listen on loopback only.
         bind: true,
+        ..KvEventsConfig::default()
     });
     cfg
+}
+
+/// Asks a replay socket for everything from `start` on, as vLLM's subscribers do; returns the
+/// batches (sequence, decoded) before the end marker.
+async fn replay(endpoint: &str, start: u64) -> Vec<Message> {
+    let mut dealer = DealerSocket::new();
+    dealer.connect(endpoint).await.expect("connect");
+    let mut request = ZmqMessage::from(Bytes::new());
+    request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
+    dealer.send(request).await.expect("send");
+    let mut out = Vec::new();
+    loop {
+        let frames = timeout(DEADLINE, dealer.recv())
+            .await
+            .expect("replay answer within the deadline")
+            .expect("recv")
+            .into_vec();
+        assert_eq!(frames.len(), 3, "[empty, seq, payload]");
+        assert!(frames[0].is_empty(), "empty delimiter");
+        if frames[1][..] == (-1i64).to_be_bytes() {
+            assert!(frames[2].is_empty(), "the end marker has no payload");
+            return out;
+        }
+        out.push(decode(vec![
+            Bytes::from_static(b""),
+            frames[1].clone(),
+            frames[2].clone(),
+        ]));
+    }
+}
+
+#[tokio::test]
+async fn replay_socket_serves_the_buffered_batches_from_the_asked_sequence() {
+    let mut cfg = events_config("tcp://127.0.0.1:0", "kv");
+    if let Some(kv) = cfg.kv_events.as_mut() {
+        kv.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+        kv.buffer_steps = 3;
+    }
+    let (replica, app) = start(cfg).await;
+    let endpoint = replica
+        .kv_events_replay()
+        .expect("a replay socket")
+        .to_string();
+    assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
+    // Nobody subscribes: the batches are only in the buffer. Five distinct 32-token prompts,
+    // each storing blocks in its own step.
+    for n in 0..5 {
+        call(
+            &app,
+            "POST",
+            "/v1/completions",
+            Some(&tokens_body(&ids(900 + n, 32), 1)),
+        )
+        .await;
+    }
+    let all = replay(&endpoint, 0).await;
+    let seqs: Vec<u64> = all.iter().map(|m| m.seq).collect();
+    assert_eq!(seqs.len(), 3, "buffer_steps bounds the buffer: {seqs:?}");
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert!(seqs[0] > 0, "the oldest batches were forgotten: {seqs:?}");
+    assert!(all.iter().any(|m| m.of_type("BlockStored").count() > 0));
+    let tail = replay(&endpoint, seqs[2]).await;
+    assert_eq!(
+        tail.iter().map(|m| m.seq).collect::<Vec<_>>(),
+        vec![seqs[2]]
+    );
+    // A restarted engine remembers nothing.
+    call(&app, "POST", "/admin/restart", None).await;
+    assert!(replay(&endpoint, 0).await.is_empty());
 }
 
 #[tokio::test]

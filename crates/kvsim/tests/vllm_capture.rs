@@ -128,6 +128,7 @@ async fn replaying_the_capture_gives_vllms_hits_and_kv_events() {
         endpoint: bound.to_string(),
         topic: String::new(),
         bind: false,
+        ..KvEventsConfig::default()
     });
     let (_replica, app) = start(cfg).await;
 

@@ -41,6 +41,10 @@ pub struct StackOptions<'a> {
     pub replica_flags: &'a [&'a str],
     /// Replicas publish KV events and kvrouter subscribes to each. Default false.
     pub kv_events: bool,
+    /// The tenancy header Envoy strips from clients (and sets from `jwt`). Default none.
+    pub tenant_header: Option<&'a str>,
+    /// Envoy's `jwt_authn` filter as the tenant's source. Default none.
+    pub jwt: Option<envoyconf::JwtOptions>,
 }
 
 impl Default for StackOptions<'_> {
@@ -53,6 +57,8 @@ impl Default for StackOptions<'_> {
             observe: true,
             replica_flags: &[],
             kv_events: false,
+            tenant_header: None,
+            jwt: None,
         }
     }
 }
@@ -78,6 +84,8 @@ impl Stack {
         let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
         let options = envoyconf::EnvoyOptions {
             observe: o.observe,
+            tenant_header: o.tenant_header.map(str::to_string),
+            jwt: o.jwt.clone(),
             ..envoy_options(&router, dir.path(), o.cluster, o.body_mode, static_replicas)
         };
         let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
