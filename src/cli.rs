@@ -47,9 +47,13 @@ pub struct ExplainArgs {
     #[arg(long, conflicts_with = "admin", required_unless_present = "admin")]
     pub config: Option<PathBuf>,
     /// A running router's admin URL (e.g. http://127.0.0.1:9090): explain against its live
-    /// tables.
+    /// tables, over its gRPC API (`kvrouter.v1.Admin/Explain`).
     #[arg(long)]
     pub admin: Option<String>,
+    /// A file holding the router's admin bearer token (its `admin.auth_token_file`), for
+    /// `--admin`.
+    #[arg(long, env = "KVROUTER_ADMIN_TOKEN_FILE", requires = "admin")]
+    pub admin_token_file: Option<PathBuf>,
     /// The request body (OpenAI JSON).
     #[arg(long)]
     pub body: PathBuf,
@@ -237,45 +241,27 @@ fn explain_offline(
 }
 
 fn explain_live(admin: &str, body: Vec<u8>, a: &ExplainArgs) -> Result<serde_json::Value, String> {
+    let token = match &a.admin_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
-        let mut url = format!(
-            "{}/debug/explain?path={}",
-            admin.trim_end_matches('/'),
-            percent_encode(&a.path)
-        );
-        if let Some(t) = &a.tenant {
-            url.push_str(&format!("&tenant={}", percent_encode(t)));
-        }
-        let resp = reqwest::Client::new()
-            .post(&url)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| format!("cannot reach {url}: {e}"))?;
-        let status = resp.status();
-        let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
-        if status.is_success() {
-            Ok(v)
-        } else {
-            Err(v["error"].as_str().unwrap_or("explain failed").to_string())
-        }
-    })
-}
-
-/// Percent-encodes a query value (RFC 3986 unreserved characters and `/` pass through).
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    let explanation = runtime.block_on(crate::api::client::explain(
+        admin,
+        token.as_deref(),
+        body,
+        &a.path,
+        a.tenant.as_deref(),
+    ))?;
+    serde_json::to_value(explanation).map_err(|e| e.to_string())
 }
 
 /// The table form of an explanation's JSON.

@@ -30,17 +30,22 @@
 //!   request, a pure `plan`, and the ticket a routed request carries until its response ends;
 //!   narrow handles for everything around it. Shared by the gRPC server, the admin API and the
 //!   CLI.
+//! - [`otel`]: OpenTelemetry decision spans continuing the gateway's `traceparent`, and the
+//!   global `tracing` subscriber (logs, plus the OTLP exporter when `tracing.enabled`).
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
 //!   translates messages into decisions and response facts and scores nothing. Also the
 //!   process-wide buffered-body budget and the tenant's `cache_salt` written into bodies.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
 //!   view.
+//! - [`api`]: kvrouter's own gRPC API (`kvrouter.v1`: explain, decision stream, endpoints,
+//!   pushed KV events) beside the admin routes, and the admin bearer token guarding both.
 //! - [`serve`]: `kvrouter serve`: builds the router and wires each part to the handle it needs.
 //! - [`cli`]: the `kvrouter` binary's commands.
 
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod discovery;
@@ -52,6 +57,7 @@ pub mod health;
 pub mod index;
 pub mod load;
 pub mod monitor;
+pub mod otel;
 pub mod policy;
 pub mod prefix;
 pub mod request;

@@ -233,11 +233,16 @@ async fn kv_events_confirm_the_tenants_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new();
     let jwks = issuer.write_jwks(dir.path());
+    // Explaining as a tenant needs the admin token (a cross-tenant oracle otherwise).
+    let admin_token = dir.path().join("admin-token");
+    std::fs::write(&admin_token, "tenancy-test-admin-token\n").unwrap();
     let router_extra = format!(
         "models: [{{name: {MODEL}, tokenizer: \"{}\"}}]\n\
          tenancy: {{header: {TENANT_HEADER}}}\n\
-         cache_index: {{prediction_ttl_ms: 1}}\n",
-        fixture()
+         cache_index: {{prediction_ttl_ms: 1}}\n\
+         admin: {{auth_token_file: \"{}\"}}\n",
+        fixture(),
+        admin_token.display()
     );
     let tokenizer = fixture();
     let stack = Stack::start(StackOptions {
@@ -270,6 +275,7 @@ async fn kv_events_confirm_the_tenants_namespace() {
         async move {
             let v: serde_json::Value = client
                 .post(url)
+                .bearer_auth("tenancy-test-admin-token")
                 .body(body("Q2?"))
                 .send()
                 .await

@@ -14,17 +14,34 @@ use serde_json::json;
 
 use crate::router::{AdminView, RouteContext};
 
+/// Why explaining as a tenant was refused (no admin token configured).
+pub const TENANT_EXPLAIN_REFUSED: &str = "explaining as a tenant needs admin.auth_token_file \
+     (without a token it would tell anyone how much of another tenant's prefix each replica holds)";
+
 /// Shared state of the admin handlers.
 #[derive(Debug, Clone)]
 pub struct Admin {
     view: AdminView,
     ready: Arc<AtomicBool>,
+    tenant_explain: bool,
 }
 
 impl Admin {
     /// Admin over the router's `view`; `/readyz` answers 200 once `ready` is set.
     pub fn new(view: AdminView, ready: Arc<AtomicBool>) -> Admin {
-        Admin { view, ready }
+        Admin {
+            view,
+            ready,
+            tenant_explain: false,
+        }
+    }
+
+    /// Whether `/debug/explain?tenant=...` answers. It tells how much of another tenant's
+    /// prefix each replica holds, so it is off unless the admin routes require a token
+    /// (`admin.auth_token_file`). Default false.
+    pub fn with_tenant_explain(mut self, allowed: bool) -> Admin {
+        self.tenant_explain = allowed;
+        self
     }
 
     /// The HTTP routes.
@@ -155,6 +172,10 @@ async fn explain(
     Query(q): Query<ExplainQuery>,
     body: Bytes,
 ) -> Response {
+    if q.tenant.is_some() && !admin.tenant_explain {
+        let message = TENANT_EXPLAIN_REFUSED;
+        return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
+    }
     let view = admin.view.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = q.path.as_deref().unwrap_or("/v1/chat/completions");
@@ -190,15 +211,4 @@ async fn decision(State(admin): State<Admin>, Path(id): Path<String>) -> Respons
         )
             .into_response(),
     }
-}
-
-/// Serves the admin routes on `listener` until `shutdown` resolves.
-pub async fn serve(
-    admin: Admin,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, admin.routes())
-        .with_graceful_shutdown(shutdown)
-        .await
 }

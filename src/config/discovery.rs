@@ -192,8 +192,10 @@ impl Config {
                 None,
             ) {
                 Ok(Some(sub)) => {
+                    // Pushed streams have no socket to share: each endpoint pushes its own.
                     if addresses.insert(address)
-                        && sockets.insert((sub.attach.clone(), sub.topic.clone()))
+                        && (sub.attach == KvEventsAttach::Push
+                            || sockets.insert((sub.attach.clone(), sub.topic.clone())))
                     {
                         out.push(sub);
                     }
@@ -254,6 +256,7 @@ mod tests {
             .map(|s| match &s.attach {
                 KvEventsAttach::Connect(c) => (s.address, c.clone()),
                 KvEventsAttach::Bind(b) => (s.address, b.clone()),
+                KvEventsAttach::Push => (s.address, "push".to_string()),
             })
             .collect();
         assert_eq!(

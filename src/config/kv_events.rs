@@ -16,6 +16,11 @@
 //!       - address: 10.0.0.5:8000
 //!       - address: 10.0.0.6:8000
 //!         kv_events: {enabled: false}
+//!   - name: pushed
+//!     models: [llama]
+//!     kv_events: {push: true}        # engines push over gRPC (kvrouter.v1.KvEvents)
+//!     endpoints:
+//!       - address: 10.0.0.7:8000
 //! ```
 
 use std::collections::HashMap;
@@ -94,8 +99,8 @@ impl Default for MediumWeights {
 }
 
 /// Where a pool's engines publish KV events (a pool's `kv_events`). Set exactly one of
-/// `connect` and `bind`. In both, `{ip}` is the endpoint's IP (bracketed when IPv6),
-/// `{port}` its HTTP port and `{address}` its `ip:port`.
+/// `connect`, `bind` and `push`. In `connect` and `bind`, `{ip}` is the endpoint's IP
+/// (bracketed when IPv6), `{port}` its HTTP port and `{address}` its `ip:port`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KvEventsSubscription {
@@ -110,6 +115,10 @@ pub struct KvEventsSubscription {
     /// `tcp://*:5557` or `tcp://0.0.0.0:5557` every interface. Only the endpoints' own IPs
     /// (and `kv_events.allowed_publishers`) may publish to it.
     pub bind: Option<String>,
+    /// No socket: the engines (or sidecars beside them) push their events over gRPC
+    /// (`kvrouter.v1.KvEvents/PushKvEvents` on the admin port), into the same state machine.
+    /// Default false.
+    pub push: bool,
     /// The topic each endpoint's publisher sends (vLLM's `topic`), a template; a message
     /// belongs to the endpoint whose topic equals its topic or is followed in it by `@` (so
     /// `kv@{ip}` matches llm-d's `kv@10.0.0.5@model`). Default empty (vLLM's default).
@@ -136,6 +145,8 @@ pub struct EndpointKvEvents {
     pub connect: Option<String>,
     /// As the pool's `bind`, for this endpoint.
     pub bind: Option<String>,
+    /// As the pool's `push`, for this endpoint. Default false.
+    pub push: bool,
     /// As the pool's `topic`, for this endpoint.
     pub topic: Option<String>,
     /// As the pool's `replay`, for this endpoint.
@@ -148,6 +159,7 @@ impl Default for EndpointKvEvents {
             enabled: true,
             connect: None,
             bind: None,
+            push: false,
             topic: None,
             replay: None,
         }
@@ -161,6 +173,19 @@ pub enum KvEventsAttach {
     Connect(String),
     /// Bind this ZMQ endpoint (`tcp://host:port`, shared by endpoints naming the same one).
     Bind(String),
+    /// No socket: events are pushed over gRPC.
+    Push,
+}
+
+impl KvEventsAttach {
+    /// `connect`, `bind` or `push`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KvEventsAttach::Connect(_) => "connect",
+            KvEventsAttach::Bind(_) => "bind",
+            KvEventsAttach::Push => "push",
+        }
+    }
 }
 
 /// One endpoint's resolved KV-event subscription.
@@ -306,10 +331,13 @@ impl Config {
         }
         for (p, pool) in self.pools.iter().enumerate() {
             if let Some(s) = &pool.kv_events {
-                if s.connect.is_some() == s.bind.is_some() {
+                let ways = usize::from(s.connect.is_some())
+                    + usize::from(s.bind.is_some())
+                    + usize::from(s.push);
+                if ways != 1 {
                     push(
                         format!("pools[{p}].kv_events"),
-                        "set exactly one of connect or bind".into(),
+                        "set exactly one of connect, bind or push".into(),
                     );
                 }
             }
@@ -334,6 +362,7 @@ impl Config {
                         );
                     }
                 }
+                KvEventsAttach::Push => {}
                 KvEventsAttach::Bind(b) => {
                     if let Some(first) = topics.insert((b.clone(), r.topic.clone()), at.clone()) {
                         push(
@@ -367,11 +396,33 @@ pub(super) fn resolve_one(
         return Ok(None);
     }
     let pool_sub = pool.kv_events.as_ref();
-    if own.connect.is_some() && own.bind.is_some() {
+    let own_ways = usize::from(own.connect.is_some())
+        + usize::from(own.bind.is_some())
+        + usize::from(own.push);
+    if own_ways > 1 {
         return Err((
             format!("{at}.kv_events"),
-            "set at most one of connect or bind".into(),
+            "set at most one of connect, bind or push".into(),
         ));
+    }
+    let model = || {
+        own_model
+            .or(pool.models.first())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let pushed = own.push
+        || (own_ways == 0
+            && pool_sub.is_some_and(|s| s.push && s.connect.is_none() && s.bind.is_none()));
+    if pushed {
+        return Ok(Some(ResolvedKvEvents {
+            address,
+            model: model(),
+            attach: KvEventsAttach::Push,
+            topic: String::new(),
+            group_idx: pool_sub.map_or(0, |s| s.group_idx),
+            replay: None,
+        }));
     }
     let (field, template, bind) = match (&own.connect, &own.bind, pool_sub) {
         (Some(c), _, _) => (format!("{at}.kv_events.connect"), c, false),
@@ -384,7 +435,7 @@ pub(super) fn resolve_one(
         (None, None, None) if own.topic.is_some() => {
             return Err((
                 format!("{at}.kv_events"),
-                "no socket: set connect or bind here or on the pool".into(),
+                "no socket: set connect, bind or push here or on the pool".into(),
             ))
         }
         (None, None, None) => return Ok(None),
@@ -420,13 +471,9 @@ pub(super) fn resolve_one(
                 .map_err(|m| (replay_field, m))?,
         ),
     };
-    let model = own_model
-        .or(pool.models.first())
-        .cloned()
-        .unwrap_or_default();
     Ok(Some(ResolvedKvEvents {
         address,
-        model,
+        model: model(),
         attach: if bind {
             KvEventsAttach::Bind(zmq)
         } else {
@@ -530,11 +577,11 @@ pools:
         let cases: Vec<(String, &str)> = vec![
             (
                 pool("kv_events: {topic: x},", one),
-                "pools[0].kv_events: set exactly one of connect or bind",
+                "pools[0].kv_events: set exactly one of connect, bind or push",
             ),
             (
                 pool("kv_events: {connect: 'tcp://{ip}:1', bind: 'tcp://*:1'},", one),
-                "pools[0].kv_events: set exactly one of connect or bind",
+                "pools[0].kv_events: set exactly one of connect, bind or push",
             ),
             (
                 pool("kv_events: {connect: 'tcp://*:5557'},", one),
@@ -577,7 +624,7 @@ pools:
                     "",
                     "{address: '10.0.0.1:80', kv_events: {connect: 'tcp://{ip}:1', bind: 'tcp://*:2'}}",
                 ),
-                "pools[0].endpoints[0].kv_events: set at most one of connect or bind",
+                "pools[0].endpoints[0].kv_events: set at most one of connect, bind or push",
             ),
             (
                 format!(
@@ -613,6 +660,50 @@ pools:
                 two
             )),
             Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn pushed_streams_resolve_without_a_socket() {
+        let config = Config::from_yaml(
+            r#"
+pools:
+  - name: a
+    models: [m1]
+    kv_events: {push: true, group_idx: 2}
+    endpoints:
+      - address: 10.0.0.1:8000
+      - address: 10.0.0.2:8000
+        kv_events: {enabled: false}
+  - name: b
+    models: [m2]
+    kv_events: {connect: "tcp://{ip}:5557"}
+    endpoints:
+      - address: 10.0.0.3:8000
+        kv_events: {push: true}
+"#,
+        )
+        .unwrap();
+        assert_eq!(config.validate(), vec![]);
+        let subs = config.kv_event_subscriptions();
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        assert_eq!(subs[0].attach, KvEventsAttach::Push);
+        assert_eq!((subs[0].model.as_str(), subs[0].group_idx), ("m1", 2));
+        assert_eq!(
+            subs[1].attach,
+            KvEventsAttach::Push,
+            "the endpoint's own push wins"
+        );
+        assert_eq!(subs[1].address, "10.0.0.3:8000".parse().unwrap());
+        let errors = errors_of(
+            "pools: [{name: a, models: [m], kv_events: {push: true, bind: 'tcp://*:1'}, endpoints: [{address: '10.0.0.1:80'}]}]",
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e
+                    .starts_with("pools[0].kv_events: set exactly one of connect, bind or push")),
+            "{errors:?}"
         );
     }
 }

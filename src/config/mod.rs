@@ -7,12 +7,14 @@
 //!
 //! This module never reaches the network: addresses are checked for form, not reachability.
 
+mod admin;
 mod discovery;
 mod flow;
 mod health;
 mod kv_events;
 mod load;
 mod policy;
+mod traces;
 mod validate;
 pub mod watch;
 
@@ -21,6 +23,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
 pub use flow::{FlowControlConfig, ObjectiveConfig, RoomConfig};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
@@ -34,6 +37,7 @@ pub use policy::{
     SaturationConfig, ScorerName, SglangConfig, TieBreakName, VllmKvAwareConfig,
     VllmPrefixAwareConfig, WeightedScorer, WeightedScorersConfig,
 };
+pub use traces::TracingConfig;
 pub use validate::ConfigError;
 
 /// The whole router configuration, as read from one YAML file.
@@ -68,6 +72,10 @@ pub struct Config {
     /// The admission queue: holding, ordering and shedding requests while the fleet is
     /// saturated. Off by default.
     pub flow_control: FlowControlConfig,
+    /// OpenTelemetry traces of routing decisions (off by default). Read at start-up.
+    pub tracing: TracingConfig,
+    /// Access to the admin APIs (default: no authentication). Read at start-up.
+    pub admin: AdminConfig,
 }
 
 /// Debugging aids (off by default).

@@ -182,6 +182,8 @@ impl Config {
         self.health.validate(&mut errors);
         self.flow_control.validate(&mut errors);
         errors.0.extend(self.validate_kv_events());
+        self.tracing.validate(&mut errors);
+        self.admin.validate(&mut errors);
         errors.0
     }
 

@@ -218,7 +218,10 @@ impl KvEvents {
                 by_id.resize(id as usize + 1, None);
             }
             by_id[id as usize] = Some(Arc::clone(&ep));
-            by_socket.entry(spec.attach.clone()).or_default().push(ep);
+            // Pushed streams have no socket: their batches come through `push::PushSink`.
+            if spec.attach != KvEventsAttach::Push {
+                by_socket.entry(spec.attach.clone()).or_default().push(ep);
+            }
         }
         // Streams replaced or gone: what they confirmed may go stale unseen.
         for old_ep in old.iter().flatten() {
@@ -230,8 +233,9 @@ impl KvEvents {
                 old_ep.applier.lock().retire(&shared.index);
             }
         }
+        let any_stream = by_id.iter().any(Option::is_some);
         inner.by_id.store(Arc::new(by_id));
-        if !by_socket.is_empty() {
+        if any_stream {
             let mut checker = inner.checker.lock();
             if checker.is_none() {
                 *checker = Some(tokio::spawn(check_silence(Arc::downgrade(&self.inner))));
@@ -277,6 +281,7 @@ impl KvEvents {
                     )),
                     None,
                 )),
+                KvEventsAttach::Push => continue,
                 KvEventsAttach::Bind(endpoint) => {
                     subscriber::start_bind(endpoint, Arc::clone(&routes), Arc::clone(shared))
                         .await
@@ -503,5 +508,8 @@ async fn check_silence(inner: Weak<Inner>) {
     }
 }
 
+mod push;
 #[cfg(test)]
 mod tests;
+
+pub use push::{PushError, PushSink};

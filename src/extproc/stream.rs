@@ -53,6 +53,7 @@ use super::inflight::InflightTable;
 use super::reject::Rejection;
 use super::salt;
 use crate::flow;
+use crate::otel::{DecisionSpan, RemoteParent};
 use crate::request::{self, ApiKind};
 use crate::router::{Decision, ResponseFacts, RouteContext, Router, RouterState, Ticket};
 use crate::telemetry::Metrics;
@@ -103,6 +104,8 @@ struct Pending {
     len: usize,
     /// The body's share of the process-wide buffered-body budget.
     held: budget::HeldBody,
+    /// The gateway's trace context, kept only while tracing is on.
+    trace: Option<RemoteParent>,
 }
 
 impl Pending {
@@ -310,6 +313,7 @@ impl Stream {
             chunks: Vec::new(),
             len: 0,
             held: Default::default(),
+            trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
         if h.end_of_stream {
             // No body (GET /v1/models, /health): any endpoint serving anything will do.
@@ -370,6 +374,7 @@ impl Stream {
                 chunks: Vec::new(),
                 len: 0,
                 held: Default::default(),
+                trace: None,
             });
         }
         let pending = match &mut self.phase {
@@ -390,6 +395,7 @@ impl Stream {
         let routing = &pending.state.config.routing;
         let (limit, retry_after) = (routing.max_body_bytes, routing.retry_after_s);
         if pending.len + b.body.len() > limit {
+            DecisionSpan::start(pending.trace.as_ref(), &self.request_id).rejected(413);
             return self.reject(Rejection::too_large(limit), retry_after);
         }
         if !pending
@@ -454,6 +460,7 @@ impl Stream {
             None
         };
         let retry_after = pending.state.config.routing.retry_after_s;
+        let span = DecisionSpan::start(pending.trace.as_ref(), &self.request_id);
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
             // At most a few slow decisions at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
@@ -491,6 +498,7 @@ impl Stream {
         let mut out = Vec::with_capacity(if echo { pending.chunks.len() + 2 } else { 1 });
         match result {
             Ok(Some(decision)) => {
+                span.routed(&decision);
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
                 let mut reply = envoy::route(slot, header, &decision.destination, id);
@@ -503,7 +511,10 @@ impl Stream {
                             .then(|| std::mem::take(&mut pending.chunks).concat());
                         envoy::body_changed(&mut reply, pending.len, buffered);
                     }
-                    Err(rejection) => return self.reject(rejection, retry_after),
+                    Err(rejection) => {
+                        span.rejected(rejection.status);
+                        return self.reject(rejection, retry_after);
+                    }
                 }
                 out.push(reply);
                 tracing::debug!(
@@ -520,11 +531,15 @@ impl Stream {
                 self.phase = Phase::Picked { id: Some(id) };
             }
             Ok(None) => {
+                span.unrouted();
                 // Internal fault: degrade to Envoy's fallback rather than fail the request.
                 out.push(envoy::continue_(slot));
                 self.phase = Phase::Picked { id: None };
             }
-            Err(rejection) => return self.reject(rejection, retry_after),
+            Err(rejection) => {
+                span.rejected(rejection.status);
+                return self.reject(rejection, retry_after);
+            }
         }
         if echo {
             // The chunks go back as they came, moved rather than copied.

@@ -5,7 +5,8 @@
 //! | monitor | [`EndpointSource`], config `watch`, [`HealthSink`], [`CapacitySink`] | read the endpoint set and config; report health changes, scrapes, engine capacities |
 //! | discovery sources | [`EndpointSink`] | publish their endpoints (removed ones lose their cache entries) |
 //! | EDS writer | [`EndpointSource`], config `watch` | read |
-//! | admin API | [`AdminView`] | read the tables; explain a request without committing it |
+//! | admin API | [`AdminView`] | read the tables; explain a request without committing it; watch decisions |
+//! | gRPC event ingestion | [`PushSink`] | apply pushed KV-event batches to endpoints configured for pushes |
 //!
 //! None of them can route a request or reach the tables' internals.
 
@@ -15,13 +16,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::explain::Explanation;
+use super::feed::DecisionWatch;
 use super::log::DecisionLog;
 use super::state::{RouterState, StateCell};
 use super::tables::Tables;
 use super::{plan, RouteContext, RouteError};
 use crate::config::{Config, ResolvedEndpoint};
 use crate::discovery::{Endpoint, EndpointSet, EndpointSink, SetChange};
-use crate::events::EndpointEventsStatus;
+use crate::events::{EndpointEventsStatus, PushSink};
 use crate::flow::{FlowController, ModelStatus};
 use crate::health::Change;
 use crate::monitor::{CapacitySink, EndpointSource, HealthSink};
@@ -41,6 +43,8 @@ pub struct Handles {
     pub discovery: Arc<dyn EndpointSink>,
     /// The admin API's read-only view.
     pub admin: AdminView,
+    /// Where engines that push their KV events over gRPC deliver them.
+    pub kv_push: PushSink,
 }
 
 impl Handles {
@@ -64,6 +68,7 @@ impl Handles {
                 state: Arc::clone(state),
                 flow: Arc::clone(flow),
             },
+            kv_push: tables.events.push_sink(),
         }
     }
 }
@@ -151,6 +156,11 @@ impl AdminView {
     /// Every model's admission queue now (`flow_control`).
     pub fn flow(&self) -> Vec<ModelStatus> {
         self.flow.status()
+    }
+
+    /// Every decision from now on, until the watch is dropped (see [`DecisionWatch`]).
+    pub fn watch_decisions(&self) -> DecisionWatch {
+        self.tables.feed.watch()
     }
 
     /// Recently recorded decisions (when `debug.record_decisions` > 0).

@@ -32,6 +32,7 @@
 
 mod arrivals;
 mod explain;
+mod feed;
 mod handles;
 mod log;
 mod plan;
@@ -46,6 +47,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use explain::{CandidateRow, Explanation};
+pub use feed::{DecisionFeed, DecisionRecord, DecisionWatch};
 pub use handles::{AdminView, Handles};
 pub use log::DecisionLog;
 pub use plan::{CandidateSignals, Plan};
@@ -172,14 +174,16 @@ impl Router {
         ctx: RouteContext<'_>,
     ) -> Result<Decision, RouteError> {
         let started = Instant::now();
-        let plan = plan::plan(state, &self.tables, request, ctx)?;
-        Ok(ticket::commit(
+        let decided = plan::plan(state, &self.tables, request, ctx)
+            .map(|plan| ticket::commit(&self.tables, state, plan, started, ctx.request_id));
+        feed::observe(
             &self.tables,
-            state,
-            plan,
-            started,
+            &decided,
+            request.model.as_ref(),
             ctx.request_id,
-        ))
+            started,
+        );
+        decided
     }
 
     /// Applies a reloaded config: publishes the new endpoint set (in-flight requests keep their

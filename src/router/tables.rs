@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::arrivals::ArrivalRates;
+use super::feed::DecisionFeed;
 use super::log::DecisionLog;
 use super::state::RouterState;
 use crate::config::{Config, HealthConfig};
@@ -32,6 +33,8 @@ pub(crate) struct Tables {
     pub(crate) events: KvEvents,
     /// Recent decisions' explanations (`debug.record_decisions`).
     pub(crate) decisions: DecisionLog,
+    /// Live decision records for watchers (`kvrouter.v1.Admin/WatchDecisions`).
+    pub(crate) feed: DecisionFeed,
     /// Requests routed per second, per model.
     pub(crate) arrivals: ArrivalRates,
     /// The metrics handles.
@@ -58,6 +61,7 @@ impl Tables {
             index,
             events,
             decisions: DecisionLog::default(),
+            feed: DecisionFeed::default(),
             arrivals: ArrivalRates::default(),
             metrics,
         }
@@ -70,6 +74,7 @@ impl Tables {
         self.decisions
             .set_capacity(state.config.debug.record_decisions);
         self.metrics.signals.configure(&state.config);
+        self.metrics.gie.configure(&state.config);
     }
 
     /// Drops removed endpoints' cache entries (whatever source removed them).

@@ -227,6 +227,12 @@ pub(super) fn commit(
     tables
         .metrics
         .record_decision(plan.policy, &primary.address_str, started.elapsed());
+    tables.metrics.cache.record(
+        plan.policy,
+        plan.signals[pick].cache_source,
+        plan.prefix.tokens,
+        plan.candidates[pick].matched_tokens,
+    );
     if plan.stale_signals() {
         tables.metrics.signals.record_stale_decision(plan.policy);
     }

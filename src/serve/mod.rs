@@ -27,7 +27,7 @@ use crate::discovery::{Discovery, Published, Runner};
 use crate::extproc::{ExtProc, ServerExtras};
 use crate::monitor::{self, EndpointSource};
 use crate::router::Router;
-use crate::telemetry::{self, Metrics};
+use crate::telemetry::Metrics;
 
 /// Arguments of `kvrouter serve`.
 #[derive(Debug, clap::Args)]
@@ -100,7 +100,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.health_listen {
         config.server.health_listen = Some(addr);
     }
-    telemetry::init_logging(config.server.log_format);
+    // Logs, and the decision spans' exporter when `tracing.enabled` (needs the runtime).
+    let otel = crate::otel::init_subscriber(config.server.log_format, &config.tracing)?;
     let base_dir = args
         .config
         .parent()
@@ -153,6 +154,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let server_section = config.server.clone();
     let metrics = Arc::new(Metrics::new());
+    let auth = crate::api::AdminAuth::load(&config.admin, &base_dir)?;
     let router = Arc::new(
         Router::new(config, Arc::clone(&metrics), &base_dir).context("cannot load the config")?,
     );
@@ -268,8 +270,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         stopped(stop_rx.clone()),
     ));
-    let admin_task = tokio::spawn(crate::admin::serve(
+    // The admin port serves the HTTP routes and the gRPC API (kvrouter.v1) alike.
+    let api = crate::api::routes(
+        handles.admin.clone(),
+        handles.kv_push.clone(),
+        auth.clone(),
+        server_section.max_grpc_message_bytes,
+    );
+    let admin_task = tokio::spawn(crate::api::serve_admin(
         Admin::new(handles.admin, Arc::clone(&ready)),
+        api,
+        auth,
         admin,
         stopped(stop_rx.clone()),
     ));
@@ -322,6 +333,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .is_err()
     {
         tracing::warn!("streams still open after 10 s; exiting");
+    }
+    if let Some(otel) = otel {
+        otel.shutdown(Duration::from_secs(5)).await;
     }
     Ok(())
 }

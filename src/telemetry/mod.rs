@@ -3,6 +3,8 @@
 //! Metric handles are registered once; the hot path only increments them. Labels are endpoint
 //! addresses, policy names and status codes: never prompt text.
 
+mod cache;
+mod gie;
 mod series;
 mod signals;
 
@@ -17,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use cache::CacheMetrics;
+pub use gie::{GieMetrics, GieOutcome};
 use series::EndpointSeries;
 pub use signals::SignalMetrics;
 
@@ -88,6 +92,10 @@ pub struct Metrics {
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
+    /// Matched-token share and cache source of routed decisions.
+    pub cache: CacheMetrics,
+    /// The same facts under the Gateway API Inference Extension's names (own registry).
+    pub gie: GieMetrics,
     /// Counter series naming an endpoint, removed once it leaves the endpoint set.
     endpoint_series: EndpointSeries<Tracked>,
     scrape_lock: Mutex<()>,
@@ -174,8 +182,11 @@ impl Metrics {
             endpoint_prefill_tokens.clone(),
         );
         let signals = SignalMetrics::register(&mut registry);
+        let cache = CacheMetrics::register(&mut registry);
         Metrics {
             signals,
+            cache,
+            gie: GieMetrics::new(),
             registry,
             decisions,
             decision_seconds,
@@ -290,6 +301,7 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        self.gie.render(endpoints, &mut out);
         out
     }
 }
