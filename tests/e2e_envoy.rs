@@ -297,13 +297,39 @@ async fn ten_mib_body_in_full_duplex_streamed_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_still_served_when_the_router_dies() {
-    let mut stack = Stack::start(StackOptions::default()).await;
-    let r = stack
-        .post("/v1/chat/completions", chat_body(MODEL, "before", false, 2))
-        .await;
-    assert_eq!(r.status, 200);
+    let statuses = statuses_once_the_router_is_dead(BodyMode::Buffered).await;
+    assert!(
+        statuses.iter().all(|(status, _)| *status == 200),
+        "the fallback must serve: {statuses:?}"
+    );
+    let served_by: std::collections::HashSet<_> = statuses.iter().map(|(_, u)| u).collect();
+    assert!(
+        served_by.len() > 1,
+        "least-request fallback spreads: {served_by:?}"
+    );
+}
+
+/// What an InferencePool gateway sees (FULL_DUPLEX_STREAMED with `failure_mode_allow`, which
+/// FailOpen maps to) when its only picker is dead: Envoy 1.40 answers 500 to every request with a
+/// body instead of failing open (upstream: kubernetes-sigs/gateway-api-inference-extension#1266),
+/// and forwards none. This pins the behaviour docs/deploy.md describes, and why the deploy base
+/// runs two picker replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_router_in_full_duplex_mode_gets_500s_from_envoy() {
+    let statuses = statuses_once_the_router_is_dead(BodyMode::FullDuplex).await;
+    assert!(
+        statuses
+            .iter()
+            .all(|(status, upstream)| *status == 500 && upstream.is_none()),
+        "Envoy's FULL_DUPLEX_STREAMED fail-open changed: {statuses:?}"
+    );
+}
+
+/// Six chats through Envoy once kvrouter is SIGKILLed: status and upstream of each.
+async fn statuses_once_the_router_is_dead(body_mode: BodyMode) -> Vec<(u16, Option<String>)> {
+    let mut stack = warm_stack(body_mode).await;
     stack.router.proc.kill();
-    let mut served_by = std::collections::HashSet::new();
+    let mut out = Vec::new();
     for i in 0..6 {
         let r = stack
             .post(
@@ -311,12 +337,87 @@ async fn requests_are_still_served_when_the_router_dies() {
                 chat_body(MODEL, &format!("after {i}"), i % 2 == 0, 2),
             )
             .await;
-        assert_eq!(r.status, 200, "fallback must serve: {}", r.body);
-        served_by.insert(r.upstream.expect("upstream header"));
+        out.push((r.status, r.upstream));
     }
-    assert!(
-        served_by.len() > 1,
-        "least-request fallback spreads: {served_by:?}"
+    assert_eq!(out.len(), 6);
+    out
+}
+
+/// A stack in `body_mode` that has routed one chat.
+async fn warm_stack(body_mode: BodyMode) -> Stack {
+    let stack = Stack::start(StackOptions {
+        body_mode,
+        ..StackOptions::default()
+    })
+    .await;
+    let r = stack
+        .post("/v1/chat/completions", chat_body(MODEL, "before", false, 2))
+        .await;
+    assert_eq!(r.status, 200);
+    stack
+}
+
+/// A picker that stalls (here: SIGSTOP) in FULL_DUPLEX_STREAMED mode: Envoy arms no message
+/// timeout in this mode, so the request is held (not failed open, not failed) until the picker
+/// answers; resumed, kvrouter routes it. What bounds the wait in production is the gateway's
+/// route timeout (docs/deploy.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_router_in_full_duplex_mode_holds_requests_until_it_answers() {
+    let stack = warm_stack(BodyMode::FullDuplex).await;
+    let decisions = metric_sum(stack.router.admin, "kvrouter_decisions_total").await;
+    let pid = stack.router.proc.pid().expect("router running").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let (client, addr) = (stack.client.clone(), stack.envoy.addr);
+    let held = tokio::spawn(async move {
+        post(
+            &client,
+            addr,
+            "/v1/chat/completions",
+            chat_body(MODEL, "while stalled", false, 2),
+        )
+        .await
+    });
+    // Envoy has the request (its listener counts it active) and has not answered it.
+    let stats = format!(
+        "http://{}/stats?filter=downstream_rq_active",
+        stack.envoy.admin
+    );
+    let client = stack.client.clone();
+    let active = eventually("Envoy holding the request", Duration::from_secs(10), || {
+        let (client, stats) = (client.clone(), stats.clone());
+        async move {
+            let text = client.get(&stats).send().await.ok()?.text().await.ok()?;
+            let n: u64 = text
+                .lines()
+                .filter(|l| !l.starts_with("http.admin."))
+                .filter_map(|l| l.split_once(": "))
+                .filter(|(k, _)| k.ends_with("downstream_rq_active"))
+                .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+                .sum();
+            (n >= 1).then_some(n)
+        }
+    })
+    .await;
+    assert!(!held.is_finished(), "answered while the picker was stopped");
+    signal("-CONT");
+    let r = tokio::time::timeout(Duration::from_secs(60), held)
+        .await
+        .expect("answered once the picker resumed")
+        .expect("request task");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = metric_sum(stack.router.admin, "kvrouter_decisions_total").await;
+    assert_eq!(
+        after,
+        decisions + 1.0,
+        "the held request was routed by kvrouter ({active} active at Envoy while stopped), not failed open"
     );
 }
 
