@@ -101,6 +101,9 @@ impl Drop for DecisionWatch {
     }
 }
 
+/// The `model_name` label of decisions on a model no pool serves.
+const UNKNOWN_MODEL_LABEL: &str = "unknown";
+
 /// Tells the GIE metrics and the feed's watchers about one decision on `model` started at
 /// `started`.
 pub(super) fn observe(
@@ -122,7 +125,12 @@ pub(super) fn observe(
             error_code: "ServiceUnavailable",
         },
     };
-    tables.metrics.gie.record(model, took, outcome);
+    // A model name nobody serves is whatever the client wrote (a pasted prompt, a random string
+    // per request): it never becomes a label (no prompt text in metrics, no unbounded series)
+    // and reaches watchers only when it looks like a model name.
+    let unknown = matches!(decided, Err(RouteError::UnknownModel { .. }));
+    let label = if unknown { UNKNOWN_MODEL_LABEL } else { model };
+    tables.metrics.gie.record(label, took, outcome);
     if tables.feed.watched() {
         let unix_time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -130,7 +138,11 @@ pub(super) fn observe(
         tables.feed.publish(DecisionRecord {
             request_id: request_id.to_string(),
             unix_time_ms,
-            model: model.to_string(),
+            model: if unknown {
+                crate::request::model_for_display(model).into_owned()
+            } else {
+                model.to_string()
+            },
             took,
             outcome: match decided {
                 Ok(d) => Ok(d.plan.explain()),

@@ -121,6 +121,38 @@ fn unknown_model_is_an_error_naming_it() {
 }
 
 #[test]
+fn unknown_model_names_never_become_metric_labels() {
+    let metrics = Arc::new(Metrics::new());
+    let r = Router::new(
+        Config::parse_and_validate(CONFIG, "test").unwrap(),
+        Arc::clone(&metrics),
+        Path::new("."),
+    )
+    .unwrap();
+    for name in [
+        "please summarise Zq7xSECRET for me",
+        "Zq7xSECRET-1",
+        "Zq7xSECRET-2",
+        "m",
+    ] {
+        let body = chat(name);
+        let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+        let _ = decide_now(&r, &req, NONE);
+    }
+    let text = metrics.render(&EndpointSet::default());
+    assert!(
+        !text.contains("Zq7xSECRET"),
+        "a client's model name is a label"
+    );
+    assert!(
+        text.contains(r#"inference_objective_request_total{model_name="unknown",target_model_name="unknown"} 3"#),
+        "the three unknown names share one series"
+    );
+    assert!(text
+        .contains(r#"inference_objective_request_total{model_name="m",target_model_name="m"} 1"#));
+}
+
+#[test]
 fn subset_hint_restricts_and_can_exclude_everything() {
     let r = router(CONFIG);
     let body = chat("m");
