@@ -1,0 +1,154 @@
+//! What one routing decision costs when every candidate holds the prompt's prefix (the worst
+//! case for the index lookup and the policy: every candidate matches every block), at 8, 64 and
+//! 256 endpoints: body parsed, identity hashed (no tokenizer: tokenization is measured by
+//! `benches/prefix.rs`), candidates looked up and scored by `predicted-ttft`, the decision
+//! committed and its ticket dropped. Timed one by one, so the tail is real: prints p50 / p99 /
+//! p99.9 per round and the median of the rounds.
+//!
+//! Not criterion: the question is a tail percentile, which needs every sample.
+//!
+//! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size)
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvrouter::config::Config;
+use kvrouter::request::{self, ApiKind};
+use kvrouter::router::{RouteContext, Router};
+use kvrouter::telemetry::Metrics;
+
+fn router(endpoints: usize) -> (Router, Vec<SocketAddr>) {
+    let addrs: Vec<SocketAddr> = (0..endpoints)
+        .map(|i| {
+            format!("127.0.{}.{}:8000", 1 + i / 250, 1 + i % 250)
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let list: String = addrs
+        .iter()
+        .map(|a| format!("{{address: '{a}'}}, "))
+        .collect();
+    let yaml = format!(
+        "policy: {{name: predicted-ttft}}\npools: [{{name: a, models: [m], endpoints: [{list}]}}]"
+    );
+    let router = Router::new(
+        Config::parse_and_validate(&yaml, "bench").expect("config"),
+        Arc::new(Metrics::new()),
+        Path::new("."),
+    )
+    .expect("router");
+    (router, addrs)
+}
+
+/// A chat body: a shared 4 kB system prompt and a question that varies per request.
+fn body(i: usize) -> Vec<u8> {
+    serde_json::json!({"model": "m", "max_tokens": 64, "messages": [
+        {"role": "system", "content": "You are a careful assistant for a logistics company. ".repeat(80)},
+        {"role": "user", "content": format!("Where is parcel {}?", i % 512)}]})
+    .to_string()
+    .into_bytes()
+}
+
+fn decide(router: &Router, body: &[u8], subset: Option<&[SocketAddr]>) -> (Duration, u32) {
+    let started = Instant::now();
+    let parsed = request::parse(ApiKind::ChatCompletions, body).expect("valid body");
+    let ctx = RouteContext {
+        subset,
+        ..RouteContext::default()
+    };
+    let decision = router
+        .decide(&router.snapshot(), &parsed, ctx)
+        .expect("a pick");
+    let took = started.elapsed();
+    let least_matched = decision
+        .plan
+        .matches
+        .iter()
+        .map(|m| m.blocks)
+        .min()
+        .unwrap_or(0);
+    black_box(decision);
+    (took, least_matched)
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn q(sorted_ns: &[u64], p: f64) -> f64 {
+    sorted_ns[((sorted_ns.len() - 1) as f64 * p) as usize] as f64 / 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    // `cargo test --all-targets` runs this without `--bench`: a smoke run, not a measurement.
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let decisions = arg("--decisions", if measuring { 20_000 } else { 100 });
+    let rounds = arg("--rounds", if measuring { 5 } else { 1 });
+    let bodies: Vec<Vec<u8>> = (0..512).map(body).collect();
+    println!(
+        "decision (parse, byte identity, lookup, predicted-ttft, commit), every endpoint holding \
+         the 4 kB system prompt; {decisions} decisions per round, {rounds} rounds"
+    );
+    println!(
+        "{:>9} {:>5} {:>10} {:>10} {:>10}",
+        "endpoints", "round", "p50 us", "p99 us", "p99.9 us"
+    );
+    for endpoints in [8usize, 64, 256] {
+        let (router, addrs) = router(endpoints);
+        // Each endpoint routes the prompt once (a subset hint of just that endpoint), so each
+        // holds its prefix by prediction.
+        for (i, addr) in addrs.iter().enumerate() {
+            decide(
+                &router,
+                &bodies[i % bodies.len()],
+                Some(std::slice::from_ref(addr)),
+            );
+        }
+        let (_, least) = decide(&router, &bodies[0], None);
+        assert!(
+            least > 0,
+            "every candidate should hold the system prompt's blocks"
+        );
+        let (mut p50s, mut p99s) = (vec![], vec![]);
+        for r in 0..rounds {
+            let mut ns: Vec<u64> = (0..decisions)
+                .map(|i| {
+                    decide(&router, &bodies[i % bodies.len()], None)
+                        .0
+                        .as_nanos() as u64
+                })
+                .collect();
+            ns.sort_unstable();
+            println!(
+                "{endpoints:>9} {:>5} {:>10.1} {:>10.1} {:>10.1}",
+                r + 1,
+                q(&ns, 0.5),
+                q(&ns, 0.99),
+                q(&ns, 0.999)
+            );
+            p50s.push(q(&ns, 0.5));
+            p99s.push(q(&ns, 0.99));
+        }
+        println!(
+            "{endpoints:>9} median p50 {:.1} us, p99 {:.1} us (range {:.1}-{:.1})",
+            median(p50s),
+            median(p99s.clone()),
+            p99s.iter().cloned().fold(f64::INFINITY, f64::min),
+            p99s.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+}
