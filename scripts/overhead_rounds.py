@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Repeats scripts/overhead.sh and reports medians with 95% bootstrap intervals.
+
+One round of overhead.sh measures Envoy alone and then Envoy + kvrouter on the same machine a few
+seconds apart; on a noisy 2-core machine one round is not a verdict, so this runs several rounds
+and summarises the paired differences (added p50/p99 latency, kept requests/s).
+
+Usage: scripts/overhead_rounds.py [rounds] [seconds] [connections...]
+  e.g. scripts/overhead_rounds.py 5 10 1 8   (needs `make release envoy` and wrk)
+"""
+import random
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def to_ms(text):
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s)", text)
+    if not m:
+        raise ValueError(f"unreadable wrk latency {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def parse(out):
+    """{section: {"p50": ms, "p99": ms, "rps": float, "non2xx": int}} from overhead.sh's output."""
+    sections, cur = {}, None
+    for line in out.splitlines():
+        if line.startswith("== "):
+            cur = sections.setdefault(line[3:].strip(), {"non2xx": 0})
+            continue
+        if cur is None:
+            continue
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("50%", "99%"):
+            cur["p" + parts[0][:-1]] = to_ms(parts[1])
+        elif line.strip().startswith("Requests/sec:"):
+            cur["rps"] = float(parts[-1])
+        elif "Non-2xx" in line:
+            cur["non2xx"] = int(parts[-1])
+    return sections
+
+
+def ci(values, stat=statistics.median, n=2000, seed=7):
+    rng = random.Random(seed)
+    boots = sorted(stat([rng.choice(values) for _ in values]) for _ in range(n))
+    return stat(values), boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+
+
+def fmt(t, unit=""):
+    return f"{t[0]:.3g}{unit} [{t[1]:.3g}, {t[2]:.3g}]"
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    secs = sys.argv[2] if len(sys.argv) > 2 else "10"
+    conns = sys.argv[3:] or ["1", "8"]
+    rows = []
+    for c in conns:
+        alone, with_, added50, added99, kept = [], [], [], [], []
+        for r in range(rounds):
+            out = subprocess.run(
+                [str(ROOT / "scripts/overhead.sh"), secs, c],
+                cwd=ROOT, capture_output=True, text=True, check=True,
+            ).stdout
+            s = parse(out)
+            a, w = s["Envoy alone"], s["Envoy + kvrouter"]
+            if a["non2xx"] or w["non2xx"]:
+                sys.exit(f"round {r} c={c}: non-2xx answers (alone {a['non2xx']}, with {w['non2xx']})")
+            alone.append(a)
+            with_.append(w)
+            added50.append(w["p50"] - a["p50"])
+            added99.append(w["p99"] - a["p99"])
+            kept.append(w["rps"] / a["rps"])
+            print(f"c={c} round {r + 1}/{rounds}: alone p50 {a['p50']:.2f} p99 {a['p99']:.2f} ms "
+                  f"{a['rps']:.0f}/s; with kvrouter p50 {w['p50']:.2f} p99 {w['p99']:.2f} ms "
+                  f"{w['rps']:.0f}/s", flush=True)
+        rows.append((c, alone, with_, added50, added99, kept))
+    print()
+    print(f"{rounds} rounds of {secs} s per arm; medians over rounds [95% bootstrap interval]")
+    print("| c | Envoy alone p50 / p99 ms | req/s | + kvrouter p50 / p99 ms | req/s "
+          "| added p50 ms | added p99 ms | req/s kept |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c, alone, with_, added50, added99, kept in rows:
+        med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+        print(f"| {c} | {med(alone, 'p50'):.2f} / {med(alone, 'p99'):.2f} | {med(alone, 'rps'):.0f} "
+              f"| {med(with_, 'p50'):.2f} / {med(with_, 'p99'):.2f} | {med(with_, 'rps'):.0f} "
+              f"| {fmt(ci(added50))} | {fmt(ci(added99))} | {fmt(ci(kept))} |")
+
+
+if __name__ == "__main__":
+    main()
