@@ -2,8 +2,9 @@
 //!
 //! vLLM's `ZmqEventPublisher` keeps its last `buffer_steps` batches (10,000 by default) and
 //! serves them on a ROUTER socket: a DEALER sends `["", start sequence (8-byte big-endian)]`
-//! and gets `["", sequence, payload]` for every buffered batch from `start` on, then
-//! `["", -1 (8-byte big-endian, signed), ""]`. The subscriber asks for everything (start 0)
+//! and gets `["", topic, sequence, payload]` for every buffered batch from `start` on, then
+//! `["", "", -1 (8-byte big-endian, signed), ""]` (vLLM 0.32, as the real-engine check sees it;
+//! earlier vLLM sent the same without the topic frame, which is also taken). The subscriber asks for everything (start 0)
 //! each time its SUB socket connects, applies the answer before the live messages, and drops
 //! the live messages the answer already held. A buffer that still starts at sequence 0 gives a
 //! complete view (a fresh start, see `apply`); a wrapped one a partial view that knows far more
@@ -76,8 +77,9 @@ async fn exchange(endpoint: &str, start: u64) -> Result<Vec<Batch>, ReplayError>
     let mut bytes = 0usize;
     loop {
         let frames = socket.recv().await?.into_vec();
-        let [empty, seq, payload] = &frames[..] else {
-            return Err(ReplayError::Malformed("not three frames"));
+        let (empty, seq, payload) = match &frames[..] {
+            [empty, _, seq, payload] | [empty, seq, payload] => (empty, seq, payload),
+            _ => return Err(ReplayError::Malformed("neither three nor four frames")),
         };
         if !empty.is_empty() {
             return Err(ReplayError::Malformed("no empty delimiter frame"));
@@ -206,6 +208,32 @@ mod tests {
         assert_eq!(
             got,
             vec![(3, Bytes::from_static(b"a")), (4, Bytes::from_static(b"b"))]
+        );
+        task.abort();
+    }
+
+    /// vLLM 0.32's layout: a topic frame before the sequence; the end marker's topic is empty.
+    fn frame_with_topic(topic: &'static [u8], seq: i64, payload: &'static [u8]) -> Vec<Bytes> {
+        let mut f = frame(seq, payload);
+        f.insert(1, Bytes::from_static(topic));
+        f
+    }
+
+    #[tokio::test]
+    async fn takes_vllm_0_32_answers_that_carry_the_topic() {
+        let (endpoint, start, task) = server(vec![
+            frame_with_topic(b"kv@x", 0, b"a"),
+            frame_with_topic(b"kv@x", 1, b"b"),
+            frame_with_topic(b"", -1, b""),
+        ])
+        .await;
+        let got = fetch_within(&endpoint, 0, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(start.await.unwrap(), 0);
+        assert_eq!(
+            got,
+            vec![(0, Bytes::from_static(b"a")), (1, Bytes::from_static(b"b"))]
         );
         task.abort();
     }

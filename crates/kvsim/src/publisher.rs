@@ -179,7 +179,7 @@ async fn run(
             },
             request = next_replay(&mut replay) => {
                 if let (Ok((identity, start)), Some((router, buffer))) = (request, replay.as_mut()) {
-                    match replay::answer(router, buffer, identity, start).await {
+                    match replay::answer(router, buffer, &topic, identity, start).await {
                         Ok(n) => tracing::debug!(start, batches = n, "kv events: replay served"),
                         Err(e) => tracing::warn!("kv events: replay answer failed: {e}"),
                     }

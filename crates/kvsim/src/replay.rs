@@ -1,8 +1,9 @@
 //! vLLM's KV-event replay socket: the publisher keeps its last `buffer_steps` batches and a
 //! ROUTER socket serves them. A DEALER asks with `["", start sequence (8-byte big-endian)]`
-//! and gets `["", sequence, payload]` for each buffered batch from `start` on, then
-//! `["", -1 (8-byte big-endian, signed), ""]` (vLLM's `END_SEQ`). A request of another shape
-//! is ignored, as vLLM does.
+//! and gets `["", topic, sequence, payload]` for each buffered batch from `start` on, then
+//! `["", "", -1 (8-byte big-endian, signed), ""]` (vLLM's `END_SEQ`), as vLLM 0.32's
+//! `ZmqEventPublisher._service_replay` sends them. A request of another shape is ignored, as
+//! vLLM does.
 
 use std::collections::VecDeque;
 
@@ -71,28 +72,33 @@ pub async fn next_request(socket: &mut RouterSocket) -> Result<(Bytes, u64), zer
     }
 }
 
-/// Answers one request: every buffered batch from `start` on, then the end marker.
+/// Answers one request: every buffered batch from `start` on (under `topic`), then the end
+/// marker (under an empty topic, as vLLM sends it).
 pub async fn answer(
     socket: &mut RouterSocket,
     buffer: &ReplayBuffer,
+    topic: &Bytes,
     identity: Bytes,
     start: u64,
 ) -> Result<usize, zeromq::ZmqError> {
     let mut sent = 0;
-    let frames = |seq: [u8; 8], payload: Bytes| {
+    let frames = |topic: Bytes, seq: [u8; 8], payload: Bytes| {
         let mut m = ZmqMessage::from(identity.clone());
         m.push_back(Bytes::new());
+        m.push_back(topic);
         m.push_back(Bytes::copy_from_slice(&seq));
         m.push_back(payload);
         m
     };
     for (seq, payload) in buffer.since(start) {
         socket
-            .send(frames(seq.to_be_bytes(), payload.clone()))
+            .send(frames(topic.clone(), seq.to_be_bytes(), payload.clone()))
             .await?;
         sent += 1;
     }
-    socket.send(frames(END_SEQ, Bytes::new())).await?;
+    socket
+        .send(frames(Bytes::new(), END_SEQ, Bytes::new()))
+        .await?;
     Ok(sent)
 }
 

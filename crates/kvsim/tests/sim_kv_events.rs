@@ -150,16 +150,19 @@ async fn replay(endpoint: &str, start: u64) -> Vec<Message> {
             .expect("replay answer within the deadline")
             .expect("recv")
             .into_vec();
-        assert_eq!(frames.len(), 3, "[empty, seq, payload]");
+        // vLLM 0.32's layout: [empty, topic, seq, payload]; the end marker's topic is empty.
+        assert_eq!(frames.len(), 4, "[empty, topic, seq, payload]");
         assert!(frames[0].is_empty(), "empty delimiter");
-        if frames[1][..] == (-1i64).to_be_bytes() {
-            assert!(frames[2].is_empty(), "the end marker has no payload");
+        if frames[2][..] == (-1i64).to_be_bytes() {
+            assert!(frames[1].is_empty(), "the end marker has no topic");
+            assert!(frames[3].is_empty(), "the end marker has no payload");
             return out;
         }
+        assert_eq!(&frames[1][..], b"kv", "batches carry the publisher's topic");
         out.push(decode(vec![
-            Bytes::from_static(b""),
             frames[1].clone(),
             frames[2].clone(),
+            frames[3].clone(),
         ]));
     }
 }
