@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::metrics::FlowMetrics;
 use super::queue::{Entry, FlowDepth, ModelQueue};
 use super::{Labels, RoomSource, Shed, ShedReason};
-use crate::config::FlowControlConfig;
+use crate::config::{FlowControlConfig, QueueOrdering};
 
 /// A waiter's side of the queue: where its permit (or refusal) is sent, and when it arrived.
 #[derive(Debug)]
@@ -47,6 +47,8 @@ struct ModelState {
 /// Admission for every model: holds requests while their candidates have no room.
 pub struct FlowController {
     models: Mutex<HashMap<String, ModelState>>,
+    /// The zero of EDF deadlines (order keys are ms since it).
+    epoch: Instant,
     room: Box<dyn RoomSource>,
     config: ArcSwap<FlowControlConfig>,
     next_id: AtomicU64,
@@ -169,6 +171,7 @@ impl FlowController {
     pub fn new(room: Box<dyn RoomSource>, config: &FlowControlConfig) -> FlowController {
         FlowController {
             models: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
             room,
             config: ArcSwap::from_pointee(config.clone()),
             next_id: AtomicU64::new(1),
@@ -240,6 +243,7 @@ impl FlowController {
             if fits {
                 state.queue.push(Entry {
                     id,
+                    order_key: self.order_key(&config, labels, since),
                     priority: labels.priority,
                     flow: Arc::from(labels.flow.as_str()),
                     tokens,
@@ -290,6 +294,20 @@ impl FlowController {
                 // channel.
                 rx.try_recv().unwrap_or(Err(shed(ShedReason::Closed)))
             }
+        }
+    }
+
+    /// Where a request arriving at `since` goes within its flow: 0 under FCFS (arrival order),
+    /// its deadline under EDF (ms since `epoch`; without a TTFT target, after every deadline).
+    fn order_key(&self, config: &FlowControlConfig, labels: &Labels, since: Instant) -> u64 {
+        match config.ordering_of(labels.priority) {
+            QueueOrdering::Fcfs => 0,
+            QueueOrdering::Edf => labels.ttft_target_ms.map_or(u64::MAX, |target| {
+                let arrived = since.saturating_duration_since(self.epoch).as_millis();
+                u64::try_from(arrived)
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(target)
+            }),
         }
     }
 
