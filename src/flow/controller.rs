@@ -16,11 +16,13 @@ use super::queue::{Entry, FlowDepth, ModelQueue};
 use super::{Labels, RoomSource, Shed, ShedReason};
 use crate::config::{FlowControlConfig, QueueOrdering};
 
-/// A waiter's side of the queue: where its permit (or refusal) is sent, and when it arrived.
+/// A waiter's side of the queue: where its permit (or refusal) is sent, when it arrived, and when
+/// it must have left (`max_wait_ms` after arriving, under the config it arrived with).
 #[derive(Debug)]
 struct Waiter {
     tx: oneshot::Sender<Result<Permit, Shed>>,
     since: Instant,
+    deadline: Instant,
 }
 
 /// Room promised to permits handed out and not yet dropped (decided but maybe not committed).
@@ -248,7 +250,11 @@ impl FlowController {
                     flow: Arc::from(labels.flow.as_str()),
                     tokens,
                     bytes,
-                    payload: Waiter { tx, since },
+                    payload: Waiter {
+                        tx,
+                        since,
+                        deadline: since + Duration::from_millis(config.max_wait_ms),
+                    },
                 });
                 self.pump(model, state, &config);
             }
@@ -341,6 +347,20 @@ impl FlowController {
     /// Dispatches `model`'s queue while there is room. Called with the lock held.
     fn pump(&self, model: &str, state: &mut ModelState, config: &FlowControlConfig) {
         while let Some(head) = state.queue.peek() {
+            if head.payload.deadline <= Instant::now() {
+                // Its own timer is due but its task has not run yet (a busy runtime): turn it
+                // away here, never dispatch a request that waited past its bound.
+                let (priority, flow, id) = (head.priority, Arc::clone(&head.flow), head.id);
+                if let Some(entry) = state.queue.remove(priority, &flow, id) {
+                    self.metrics.outcome(model, priority, "expired");
+                    let _ = entry.payload.tx.send(Err(Shed {
+                        reason: ShedReason::Expired,
+                        priority,
+                        retry_after_s: config.retry_after_s,
+                    }));
+                }
+                continue;
+            }
             let Some(permit) =
                 self.try_reserve(model, state, config, head.tokens, head.payload.since)
             else {

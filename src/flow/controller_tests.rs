@@ -237,6 +237,27 @@ async fn nothing_waits_past_max_wait() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_waiter_whose_timer_has_not_run_is_not_dispatched_past_its_bound() {
+    let (c, free) = controller("{max_wait_ms: 250}");
+    // The waiter is polled once (it queues) and then not again, as on a runtime too busy to
+    // run its task when its timer is due.
+    let labels = labels(-1, "a");
+    let mut waiter = Box::pin(c.admit("m", &labels, 400));
+    assert!(futures::poll!(waiter.as_mut()).is_pending());
+    assert_eq!(queued(&c), 1);
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // Room appears after the deadline, before the waiter runs: the dispatcher must refuse it,
+    // not hand it a permit after 300 ms in a queue bounded at 250.
+    free.store(1000, Ordering::Relaxed);
+    c.pump_all();
+    assert_eq!(queued(&c), 0);
+    let shed = waiter.await.unwrap_err();
+    assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 429));
+    assert!(c.metrics_text().contains("outcome=\"expired\"} 1"));
+    assert!(!c.metrics_text().contains("outcome=\"admitted\"} 1"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_leaves_the_queue_at_once() {
     let (c, free) = controller("{max_wait_ms: 60000}");
     let t = spawn_admit(&c, labels(0, "a"), 40);
