@@ -40,6 +40,34 @@ pub struct FlowControlConfig {
     /// Request header naming the request's flow for fairness, when the trusted tenancy header
     /// (`tenancy.header`) is not configured or absent. Default `x-llm-d-inference-fairness-id`.
     pub fairness_header: String,
+    /// Order of a flow's requests within a priority band (the flow itself is chosen by
+    /// fairness): `fcfs` (arrival) or `edf` (earliest deadline: arrival plus the objective's
+    /// `ttft_target_ms`; requests without a target after those with one, in arrival order).
+    /// Applies to requests that arrive after it is set. Default `fcfs`.
+    pub ordering: QueueOrdering,
+    /// Per-band exceptions to `ordering`. Default none.
+    pub bands: Vec<BandConfig>,
+}
+
+/// Order within a flow of a priority band.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueOrdering {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// Earliest deadline first (deadline: arrival plus the objective's `ttft_target_ms`).
+    Edf,
+}
+
+/// The ordering of one priority band.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BandConfig {
+    /// The band's priority (an objective's `priority`, or `default_priority`). Required, unique.
+    pub priority: i32,
+    /// Its ordering. Default `fcfs`.
+    pub ordering: QueueOrdering,
 }
 
 impl Default for FlowControlConfig {
@@ -56,6 +84,8 @@ impl Default for FlowControlConfig {
             objectives: Vec::new(),
             default_priority: 0,
             fairness_header: "x-llm-d-inference-fairness-id".to_string(),
+            ordering: QueueOrdering::Fcfs,
+            bands: Vec::new(),
         }
     }
 }
@@ -95,14 +125,30 @@ pub struct ObjectiveConfig {
     /// Higher is served first; negative means sheddable (429 rather than 503 when refused).
     /// Default 0.
     pub priority: i32,
+    /// The time to first token this objective aims at, in ms: with `edf` ordering, a queued
+    /// request's deadline is its arrival plus this. Must be > 0 if set. Default none (no
+    /// deadline: served after the requests that have one).
+    pub ttft_target_ms: Option<u64>,
 }
 
 impl FlowControlConfig {
     /// The priority of a request naming `objective` (none, or an unknown name: the default).
     pub fn priority_of(&self, objective: Option<&str>) -> i32 {
-        objective
-            .and_then(|name| self.objectives.iter().find(|o| o.name == name))
+        self.objective(objective)
             .map_or(self.default_priority, |o| o.priority)
+    }
+
+    /// The configured objective named `objective`, if any.
+    pub fn objective(&self, objective: Option<&str>) -> Option<&ObjectiveConfig> {
+        objective.and_then(|name| self.objectives.iter().find(|o| o.name == name))
+    }
+
+    /// The ordering of the band of `priority`.
+    pub fn ordering_of(&self, priority: i32) -> QueueOrdering {
+        self.bands
+            .iter()
+            .find(|b| b.priority == priority)
+            .map_or(self.ordering, |b| b.ordering)
     }
 
     pub(super) fn validate(&self, errors: &mut Errors) {
@@ -140,8 +186,20 @@ impl FlowControlConfig {
                 format!("must be in (0, 1] (got {kv})"),
             );
         }
+        let mut bands = std::collections::HashSet::new();
+        for (i, b) in self.bands.iter().enumerate() {
+            if !bands.insert(b.priority) {
+                errors.push(
+                    format!("{p}.bands[{i}].priority"),
+                    format!("{} is listed twice", b.priority),
+                );
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, o) in self.objectives.iter().enumerate() {
+            if o.ttft_target_ms == Some(0) {
+                errors.push(format!("{p}.objectives[{i}].ttft_target_ms"), "must be > 0");
+            }
             if o.name.is_empty() {
                 errors.push(format!("{p}.objectives[{i}].name"), "is required");
             } else if !seen.insert(o.name.as_str()) {
@@ -156,7 +214,7 @@ impl FlowControlConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::config::{Config, QueueOrdering};
 
     fn errors(yaml: &str) -> Vec<String> {
         let base = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]\n";
@@ -191,6 +249,14 @@ mod tests {
                 "flow_control: {objectives: [{name: a}, {name: a}]}",
                 "flow_control.objectives[1].name: \"a\" is listed twice",
             ),
+            (
+                "flow_control: {objectives: [{name: a, ttft_target_ms: 0}]}",
+                "flow_control.objectives[0].ttft_target_ms: must be > 0",
+            ),
+            (
+                "flow_control: {bands: [{priority: 1, ordering: edf}, {priority: 1}]}",
+                "flow_control.bands[1].priority: 1 is listed twice",
+            ),
         ];
         for (yaml, want) in cases {
             assert_eq!(errors(yaml), vec![want.to_string()], "{yaml}");
@@ -212,5 +278,23 @@ mod tests {
         assert_eq!(f.priority_of(Some("sheddable")), -1);
         assert_eq!(f.priority_of(Some("other")), 0);
         assert_eq!(f.priority_of(None), 0);
+    }
+
+    #[test]
+    fn ordering_is_fcfs_unless_a_band_says_edf() {
+        let config: Config = serde_norway::from_str(
+            "flow_control: {objectives: [{name: critical, priority: 1, ttft_target_ms: 500}], bands: [{priority: 1, ordering: edf}]}",
+        )
+        .unwrap();
+        let f = &config.flow_control;
+        assert_eq!(f.ordering_of(1), QueueOrdering::Edf);
+        assert_eq!(f.ordering_of(0), QueueOrdering::Fcfs);
+        assert_eq!(
+            f.objective(Some("critical")).and_then(|o| o.ttft_target_ms),
+            Some(500)
+        );
+        let all: Config = serde_norway::from_str("flow_control: {ordering: edf}").unwrap();
+        assert_eq!(all.flow_control.ordering_of(-7), QueueOrdering::Edf);
+        assert!(serde_norway::from_str::<Config>("flow_control: {ordering: lifo}").is_err());
     }
 }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
-pub use flow::{FlowControlConfig, ObjectiveConfig, RoomConfig};
+pub use flow::{BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
     check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,

@@ -14,13 +14,15 @@ use tokio::time::Instant;
 use super::metrics::FlowMetrics;
 use super::queue::{Entry, FlowDepth, ModelQueue};
 use super::{Labels, RoomSource, Shed, ShedReason};
-use crate::config::FlowControlConfig;
+use crate::config::{FlowControlConfig, QueueOrdering};
 
-/// A waiter's side of the queue: where its permit (or refusal) is sent, and when it arrived.
+/// A waiter's side of the queue: where its permit (or refusal) is sent, when it arrived, and when
+/// it must have left (`max_wait_ms` after arriving, under the config it arrived with).
 #[derive(Debug)]
 struct Waiter {
     tx: oneshot::Sender<Result<Permit, Shed>>,
     since: Instant,
+    deadline: Instant,
 }
 
 /// Room promised to permits handed out and not yet dropped (decided but maybe not committed).
@@ -47,6 +49,8 @@ struct ModelState {
 /// Admission for every model: holds requests while their candidates have no room.
 pub struct FlowController {
     models: Mutex<HashMap<String, ModelState>>,
+    /// The zero of EDF deadlines (order keys are ms since it).
+    epoch: Instant,
     room: Box<dyn RoomSource>,
     config: ArcSwap<FlowControlConfig>,
     next_id: AtomicU64,
@@ -169,6 +173,7 @@ impl FlowController {
     pub fn new(room: Box<dyn RoomSource>, config: &FlowControlConfig) -> FlowController {
         FlowController {
             models: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
             room,
             config: ArcSwap::from_pointee(config.clone()),
             next_id: AtomicU64::new(1),
@@ -240,11 +245,16 @@ impl FlowController {
             if fits {
                 state.queue.push(Entry {
                     id,
+                    order_key: self.order_key(&config, labels, since),
                     priority: labels.priority,
                     flow: Arc::from(labels.flow.as_str()),
                     tokens,
                     bytes,
-                    payload: Waiter { tx, since },
+                    payload: Waiter {
+                        tx,
+                        since,
+                        deadline: since + Duration::from_millis(config.max_wait_ms),
+                    },
                 });
                 self.pump(model, state, &config);
             }
@@ -293,6 +303,20 @@ impl FlowController {
         }
     }
 
+    /// Where a request arriving at `since` goes within its flow: 0 under FCFS (arrival order),
+    /// its deadline under EDF (ms since `epoch`; without a TTFT target, after every deadline).
+    fn order_key(&self, config: &FlowControlConfig, labels: &Labels, since: Instant) -> u64 {
+        match config.ordering_of(labels.priority) {
+            QueueOrdering::Fcfs => 0,
+            QueueOrdering::Edf => labels.ttft_target_ms.map_or(u64::MAX, |target| {
+                let arrived = since.saturating_duration_since(self.epoch).as_millis();
+                u64::try_from(arrived)
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(target)
+            }),
+        }
+    }
+
     /// A permit for `tokens` if `model`'s candidates have room beyond what is reserved (or
     /// there are no candidates: routing answers the request then).
     fn try_reserve(
@@ -323,6 +347,20 @@ impl FlowController {
     /// Dispatches `model`'s queue while there is room. Called with the lock held.
     fn pump(&self, model: &str, state: &mut ModelState, config: &FlowControlConfig) {
         while let Some(head) = state.queue.peek() {
+            if head.payload.deadline <= Instant::now() {
+                // Its own timer is due but its task has not run yet (a busy runtime): turn it
+                // away here, never dispatch a request that waited past its bound.
+                let (priority, flow, id) = (head.priority, Arc::clone(&head.flow), head.id);
+                if let Some(entry) = state.queue.remove(priority, &flow, id) {
+                    self.metrics.outcome(model, priority, "expired");
+                    let _ = entry.payload.tx.send(Err(Shed {
+                        reason: ShedReason::Expired,
+                        priority,
+                        retry_after_s: config.retry_after_s,
+                    }));
+                }
+                continue;
+            }
             let Some(permit) =
                 self.try_reserve(model, state, config, head.tokens, head.payload.since)
             else {

@@ -45,6 +45,7 @@ fn labels(priority: i32, flow: &str) -> Labels {
     Labels {
         priority,
         flow: flow.into(),
+        ttft_target_ms: None,
     }
 }
 
@@ -111,9 +112,18 @@ async fn waiters_are_dispatched_by_priority_then_fairness_as_room_appears() {
         let n = i + 1;
         until(|| queued(&c) == n).await;
     }
-    // Room for one request (100 tokens) at a time; record the dispatch order.
+    // vip first (higher band), then flood and quiet alternate from equal counters.
+    assert_eq!(dispatch_order(&free, &c, tasks).await, vec![4, 0, 3, 1, 2]);
+}
+
+type Waiters = Vec<(usize, tokio::task::JoinHandle<Result<Permit, Shed>>)>;
+
+/// Gives room for one request (100 tokens) at a time until every waiter has its permit; returns
+/// their indices in dispatch order.
+async fn dispatch_order(free: &AtomicU64, c: &FlowController, mut tasks: Waiters) -> Vec<usize> {
+    let n = tasks.len();
     let mut order = Vec::new();
-    while order.len() < 5 {
+    while order.len() < n {
         free.store(100, Ordering::Relaxed);
         c.pump_all();
         let mut done = None;
@@ -132,8 +142,43 @@ async fn waiters_are_dispatched_by_priority_then_fairness_as_room_appears() {
         drop(permit);
         order.push(i);
     }
-    // vip first (higher band), then flood and quiet alternate from equal counters.
-    assert_eq!(order, vec![4, 0, 3, 1, 2]);
+    order
+}
+
+/// Queues, in this order and one flow of one band: a batch request (10 s TTFT target), an
+/// interactive one (500 ms), one without an objective, another interactive one; returns the
+/// dispatch order.
+async fn order_under(yaml: &str) -> Vec<usize> {
+    let (c, free) = controller(yaml);
+    let target = |ms: Option<u64>| Labels {
+        ttft_target_ms: ms,
+        ..labels(0, "a")
+    };
+    let mut tasks = Vec::new();
+    for (i, ms) in [Some(10_000), Some(500), None, Some(500)]
+        .into_iter()
+        .enumerate()
+    {
+        tasks.push((i, spawn_admit(&c, target(ms), 400)));
+        until(|| queued(&c) == i + 1).await;
+        // Arrivals 10 ms apart: the later interactive request has the later deadline.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    dispatch_order(&free, &c, tasks).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn edf_serves_the_earliest_deadline_first_and_fcfs_does_not() {
+    let base = "max_wait_ms: 60000";
+    // FCFS (the default): arrival order, whatever the targets.
+    assert_eq!(order_under(&format!("{{{base}}}")).await, vec![0, 1, 2, 3]);
+    // EDF for the band: both interactive requests (deadlines 510 and 530 ms) before the batch
+    // one (10 s), and the request without a target last.
+    let edf = format!("{{{base}, bands: [{{priority: 0, ordering: edf}}]}}");
+    assert_eq!(order_under(&edf).await, vec![1, 3, 0, 2]);
+    // EDF on another band only: this band stays FCFS.
+    let other = format!("{{{base}, bands: [{{priority: 1, ordering: edf}}]}}");
+    assert_eq!(order_under(&other).await, vec![0, 1, 2, 3]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,6 +234,27 @@ async fn nothing_waits_past_max_wait() {
     let shed = c.admit("m", &labels(-1, "a"), 40).await.unwrap_err();
     assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 429));
     assert!(c.metrics_text().contains("outcome=\"expired\"} 1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_timer_has_not_run_is_not_dispatched_past_its_bound() {
+    let (c, free) = controller("{max_wait_ms: 250}");
+    // The waiter is polled once (it queues) and then not again, as on a runtime too busy to
+    // run its task when its timer is due.
+    let labels = labels(-1, "a");
+    let mut waiter = Box::pin(c.admit("m", &labels, 400));
+    assert!(futures::poll!(waiter.as_mut()).is_pending());
+    assert_eq!(queued(&c), 1);
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // Room appears after the deadline, before the waiter runs: the dispatcher must refuse it,
+    // not hand it a permit after 300 ms in a queue bounded at 250.
+    free.store(1000, Ordering::Relaxed);
+    c.pump_all();
+    assert_eq!(queued(&c), 0);
+    let shed = waiter.await.unwrap_err();
+    assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 429));
+    assert!(c.metrics_text().contains("outcome=\"expired\"} 1"));
+    assert!(!c.metrics_text().contains("outcome=\"admitted\"} 1"));
 }
 
 #[tokio::test(start_paused = true)]

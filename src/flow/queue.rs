@@ -1,6 +1,8 @@
 //! One model's queue as plain data: priority bands, flows within a band ordered by a virtual
-//! token counter, FCFS within a flow. No clocks, no locks, no channels: the controller holds it
-//! under its lock and decides when to pop.
+//! token counter, and within a flow by each entry's order key, then arrival: FCFS when every key
+//! is 0, earliest deadline first when the key is the deadline (the controller sets it per band,
+//! see `flow_control.ordering`). No clocks, no locks, no channels: the controller holds it under
+//! its lock and decides when to pop.
 //!
 //! Fairness is a virtual token counter (AIBrix's VTC, Sheng et al. 2024): each flow in a band
 //! counts the prompt tokens dispatched for it, and the active flow with the smallest count goes
@@ -10,14 +12,18 @@
 //! one request's tokens. Empty flows are dropped at once, which is what that lift amounts to, so
 //! memory is bounded by the queued entries.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// One queued request.
 #[derive(Debug)]
 pub(crate) struct Entry<T> {
-    /// Unique, increasing with arrival: FCFS order and the handle to remove it by.
+    /// Unique, increasing with arrival: FCFS order (among equal order keys) and the handle to
+    /// remove it by.
     pub id: u64,
+    /// Served in ascending order within its flow, before `id`: 0 for FCFS, the deadline (ms on
+    /// the controller's clock) for EDF.
+    pub order_key: u64,
     /// Its priority band.
     pub priority: i32,
     /// Its flow (tenant or fairness id).
@@ -32,7 +38,8 @@ pub(crate) struct Entry<T> {
 
 #[derive(Debug)]
 struct FlowQueue<T> {
-    entries: VecDeque<Entry<T>>,
+    /// By (order key, id): the first is served next.
+    entries: BTreeMap<(u64, u64), Entry<T>>,
     /// Tokens dispatched for this flow, in the band's virtual time.
     counter: u64,
 }
@@ -45,11 +52,14 @@ struct Band<T> {
 }
 
 impl<T> Band<T> {
-    /// The flow to serve next: smallest counter, then oldest head.
+    /// The flow to serve next: smallest counter, then the most urgent (or oldest) head.
     fn next_flow(&self) -> Option<&Arc<str>> {
         self.flows
             .iter()
-            .min_by_key(|(_, f)| (f.counter, f.entries.front().map_or(u64::MAX, |e| e.id)))
+            .min_by_key(|(_, f)| {
+                let head = f.entries.keys().next().copied();
+                (f.counter, head.unwrap_or((u64::MAX, u64::MAX)))
+            })
             .map(|(name, _)| name)
     }
 }
@@ -102,7 +112,7 @@ impl<T> ModelQueue<T> {
         self.len == 0
     }
 
-    /// Appends `entry` at the tail of its flow.
+    /// Adds `entry` to its flow, in its place by (order key, id).
     pub(crate) fn push(&mut self, entry: Entry<T>) {
         self.len += 1;
         self.bytes += entry.bytes;
@@ -119,17 +129,17 @@ impl<T> ModelQueue<T> {
         band.flows
             .entry(Arc::clone(&entry.flow))
             .or_insert_with(|| FlowQueue {
-                entries: VecDeque::new(),
+                entries: BTreeMap::new(),
                 counter: start,
             })
             .entries
-            .push_back(entry);
+            .insert((entry.order_key, entry.id), entry);
     }
 
     /// The entry that would be dispatched next: the highest band, its fairest flow, its head.
     pub(crate) fn peek(&self) -> Option<&Entry<T>> {
         let band = self.bands.values().next_back()?;
-        band.flows[band.next_flow()?].entries.front()
+        band.flows[band.next_flow()?].entries.values().next()
     }
 
     /// Removes and returns the next entry, charging its flow its tokens.
@@ -137,7 +147,7 @@ impl<T> ModelQueue<T> {
         let (&priority, band) = self.bands.iter_mut().next_back()?;
         let name = Arc::clone(band.next_flow()?);
         let flow = band.flows.get_mut(&name)?;
-        let entry = flow.entries.pop_front()?;
+        let (_, entry) = flow.entries.pop_first()?;
         band.vtime = flow.counter;
         flow.counter += entry.tokens.max(1);
         self.forget_if_empty(priority, &name);
@@ -149,8 +159,8 @@ impl<T> ModelQueue<T> {
     /// Removes the entry `id` of (`priority`, `flow`), if it is still queued.
     pub(crate) fn remove(&mut self, priority: i32, flow: &str, id: u64) -> Option<Entry<T>> {
         let entries = &mut self.bands.get_mut(&priority)?.flows.get_mut(flow)?.entries;
-        let at = entries.iter().position(|e| e.id == id)?;
-        let entry = entries.remove(at)?;
+        let key = *entries.iter().find(|(_, e)| e.id == id)?.0;
+        let entry = entries.remove(&key)?;
         self.forget_if_empty(priority, flow);
         self.len -= 1;
         self.bytes -= entry.bytes;
@@ -164,10 +174,14 @@ impl<T> ModelQueue<T> {
         if band_priority >= priority {
             return None;
         }
+        // The newest by arrival, whatever the band's order (a scan: only a full queue asks).
         let (flow, id) = band
             .flows
             .iter()
-            .filter_map(|(name, f)| f.entries.back().map(|e| (Arc::clone(name), e.id)))
+            .filter_map(|(name, f)| {
+                let newest = f.entries.values().map(|e| e.id).max()?;
+                Some((Arc::clone(name), newest))
+            })
             .max_by_key(|(_, id)| *id)?;
         self.remove(band_priority, &flow, id)
     }
@@ -183,7 +197,7 @@ impl<T> ModelQueue<T> {
                     priority,
                     flow: name.to_string(),
                     requests: f.entries.len(),
-                    bytes: f.entries.iter().map(|e| e.bytes).sum(),
+                    bytes: f.entries.values().map(|e| e.bytes).sum(),
                     virtual_tokens: f.counter,
                 });
             }
@@ -211,6 +225,7 @@ mod tests {
     fn entry(id: u64, priority: i32, flow: &str, tokens: u64) -> Entry<()> {
         Entry {
             id,
+            order_key: 0,
             priority,
             flow: Arc::from(flow),
             tokens,
@@ -294,6 +309,42 @@ mod tests {
         q.push(entry(8, 0, "b", 100));
         q.push(entry(9, 0, "b", 100));
         assert_eq!(drain(&mut q), vec![5, 7, 6, 8, 9]);
+    }
+
+    /// Entries of one flow and band with the order keys `keys` (ids in arrival order).
+    fn keyed(keys: &[u64]) -> ModelQueue<()> {
+        let mut q = ModelQueue::default();
+        for (i, &order_key) in keys.iter().enumerate() {
+            q.push(Entry {
+                order_key,
+                ..entry(i as u64 + 1, 0, "a", 10)
+            });
+        }
+        q
+    }
+
+    #[test]
+    fn fcfs_serves_by_arrival_and_edf_by_deadline() {
+        // Arrivals 1, 2, 3. FCFS (every key 0) serves them as they came.
+        assert_eq!(drain(&mut keyed(&[0, 0, 0])), vec![1, 2, 3]);
+        // EDF: the key is the deadline. Request 2 arrived later with the earliest deadline
+        // (a tighter TTFT target); it goes first, then 3, then 1.
+        assert_eq!(drain(&mut keyed(&[9_000, 1_500, 2_000])), vec![2, 3, 1]);
+        // Equal deadlines (and requests without a target: key u64::MAX) stay in arrival order.
+        assert_eq!(
+            drain(&mut keyed(&[u64::MAX, 700, u64::MAX, 700])),
+            vec![2, 4, 1, 3]
+        );
+    }
+
+    #[test]
+    fn edf_removal_and_eviction_follow_ids_not_deadlines() {
+        let mut q = keyed(&[100, 50, 75]);
+        // Evicting takes the newest arrival (3), not the latest deadline (1).
+        assert_eq!(q.evict_below(1).map(|e| e.id), Some(3));
+        assert_eq!(q.remove(0, "a", 1).map(|e| e.id), Some(1));
+        assert_eq!(drain(&mut q), vec![2]);
+        assert_eq!((q.len(), q.bytes()), (0, 0));
     }
 
     #[test]

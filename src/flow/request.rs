@@ -19,6 +19,8 @@ pub struct Labels {
     pub priority: i32,
     /// Its flow: the trusted tenant, else the fairness id, else `default`.
     pub flow: String,
+    /// Its objective's TTFT target, in ms (its deadline under `edf` ordering), if it has one.
+    pub ttft_target_ms: Option<u64>,
 }
 
 impl Default for Labels {
@@ -26,6 +28,7 @@ impl Default for Labels {
         Labels {
             priority: 0,
             flow: DEFAULT_FLOW.to_string(),
+            ttft_target_ms: None,
         }
     }
 }
@@ -44,9 +47,11 @@ impl Labels {
             .filter(|t| !t.is_empty())
             .or_else(|| header(&config.fairness_header).filter(|f| !f.is_empty()))
             .unwrap_or(DEFAULT_FLOW);
+        let known = config.objective(objective);
         Labels {
-            priority: config.priority_of(objective),
+            priority: known.map_or(config.default_priority, |o| o.priority),
             flow: flow.chars().take(MAX_FLOW_CHARS).collect(),
+            ttft_target_ms: known.and_then(|o| o.ttft_target_ms),
         }
     }
 }
@@ -120,6 +125,16 @@ mod tests {
             });
             assert_eq!(labels.priority, priority, "{headers:?}");
             assert_eq!(labels.flow, flow, "{headers:?}");
+        }
+        let with_target: FlowControlConfig = serde_norway::from_str(
+            "objectives: [{name: critical, priority: 1, ttft_target_ms: 300}, {name: sheddable, priority: -1}]",
+        )
+        .unwrap();
+        for (objective, target) in [("critical", Some(300)), ("sheddable", None), ("x", None)] {
+            let labels = Labels::from_headers(&with_target, None, |name| {
+                (name == "x-llm-d-inference-objective").then_some(objective)
+            });
+            assert_eq!(labels.ttft_target_ms, target, "{objective}");
         }
         let long = "x".repeat(500);
         let labels = Labels::from_headers(&c, Some(&long), |_| None);

@@ -339,6 +339,8 @@ mod tests {
             cached_tokens: Some(0),
             completion_tokens: Some(1),
             bypassed: false,
+            objective: None,
+            retry_after: None,
         }
     }
 
@@ -356,6 +358,7 @@ mod tests {
             bound: None,
             cross_tenant: None,
             decision: Histogram::default(),
+            flow_wait: Histogram::default(),
             cpu: CpuUse::default(),
             events: Vec::new(),
             token_mismatches: 0,

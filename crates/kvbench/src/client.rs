@@ -41,6 +41,12 @@ pub struct RequestRecord {
     /// Sent straight to a replica, bypassing the router.
     #[serde(default)]
     pub bypassed: bool,
+    /// The objective it was sent with (the objective header), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<String>,
+    /// The `retry-after` header of a response that was not a 200, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<String>,
 }
 
 impl RequestRecord {
@@ -103,6 +109,8 @@ pub struct Outcome {
     pub cached_tokens: Option<u64>,
     /// `usage.completion_tokens`.
     pub completion_tokens: Option<u64>,
+    /// The `retry-after` header of a response that is not a 200.
+    pub retry_after: Option<String>,
 }
 
 /// Sends one request and reads its SSE stream to the end.
@@ -134,6 +142,11 @@ pub async fn send(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if out.status != 200 {
+        out.retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let text = resp.text().await.unwrap_or_default();
         out.error = Some(format!("HTTP {}: {}", out.status, short(&text)));
         return out;

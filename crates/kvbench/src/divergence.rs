@@ -158,6 +158,8 @@ mod tests {
             cached_tokens: None,
             completion_tokens: None,
             bypassed: false,
+            objective: None,
+            retry_after: None,
         }
     }
 

@@ -21,6 +21,7 @@
 //!   queues, cross-tenant hits, kill/restart).
 //! - [`verdict`]: every cell over its seeds, medians with paired bootstrap intervals, and the
 //!   subject's verdict against its best peer; [`goals`]: the plan's goals, met or not.
+//! - [`flow`]: flow control on against off under overload (priorities, a flooding tenant).
 //! - [`divergence`]: with several routers, how often a peer's decisions would have changed one.
 //! - [`overhead`]: router overhead (direct, Envoy alone, Envoy + kvrouter).
 //! - [`suite`]: runs a plan seed by seed, the policies of a seed in shuffled order, each on
@@ -37,6 +38,7 @@
 pub mod analysis;
 pub mod client;
 pub mod divergence;
+pub mod flow;
 pub mod goals;
 pub mod oracle;
 pub mod overhead;

@@ -290,6 +290,8 @@ mod tests {
             cached_tokens: Some(cached),
             completion_tokens: None,
             bypassed: false,
+            objective: None,
+            retry_after: None,
         }
     }
 

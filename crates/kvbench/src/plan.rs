@@ -22,6 +22,8 @@ pub const SMOKE: &str = include_str!("plans/smoke.yaml");
 pub const VALIDATE: &str = include_str!("plans/validate.yaml");
 /// The Mooncake conversation trace replayed (`kvbench replay` starts from it).
 pub const REPLAY: &str = include_str!("plans/replay.yaml");
+/// Flow control on against off under 2x overload (two objectives, two tenants, one flooding).
+pub const FLOW: &str = include_str!("plans/flow.yaml");
 
 /// The text of a built-in plan.
 pub fn preset(name: &str) -> Option<&'static str> {
@@ -31,6 +33,7 @@ pub fn preset(name: &str) -> Option<&'static str> {
         "smoke" => Some(SMOKE),
         "validate" => Some(VALIDATE),
         "replay" => Some(REPLAY),
+        "flow" => Some(FLOW),
         _ => None,
     }
 }
@@ -358,6 +361,9 @@ pub enum Shape {
     MultiTenant(MultiTenantSpec),
     /// A request trace in the Mooncake format, replayed.
     Trace(TraceSpec),
+    /// Unique prompts from several tenants at different rates, each request with an objective
+    /// (priority) header: the flow-control scenario.
+    FlowMix(FlowMixSpec),
 }
 
 impl Shape {
@@ -370,6 +376,7 @@ impl Shape {
             Shape::HotPrefix(_) => "hot_prefix",
             Shape::MultiTenant(_) => "multi_tenant",
             Shape::Trace(_) => "trace",
+            Shape::FlowMix(_) => "flow_mix",
         }
     }
 }
@@ -499,6 +506,58 @@ impl Default for MultiTenantSpec {
             question_tokens: 150,
             tenant_header: "x-tenant-id".into(),
             cache_salt: true,
+        }
+    }
+}
+
+/// Parameters of `flow_mix`: unique prompts of `prompt_tokens` from `tenants` (each its share
+/// of the arrivals, named in `tenant_header`: kvrouter's trusted tenant, the flow its fairness
+/// is kept between), each request with an objective drawn from `objectives` (independently of
+/// its tenant) and sent in `objective_header`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowMixSpec {
+    /// Prompt tokens of every request. Default 1000.
+    pub prompt_tokens: usize,
+    /// Tenants and their shares of the arrivals. Default `flood` 4, `steady` 1.
+    pub tenants: Vec<Share>,
+    /// Objectives and their shares of the arrivals. Default `critical` 1, `sheddable` 3.
+    pub objectives: Vec<Share>,
+    /// Header naming the tenant (kvrouter's `tenancy.header` is set to it). Default
+    /// `x-tenant-id`.
+    pub tenant_header: String,
+    /// Header naming the objective. Default `x-llm-d-inference-objective`.
+    pub objective_header: String,
+}
+
+impl Default for FlowMixSpec {
+    fn default() -> Self {
+        FlowMixSpec {
+            prompt_tokens: 1000,
+            tenants: vec![Share::new("flood", 4.0), Share::new("steady", 1.0)],
+            objectives: vec![Share::new("critical", 1.0), Share::new("sheddable", 3.0)],
+            tenant_header: "x-tenant-id".into(),
+            objective_header: "x-llm-d-inference-objective".into(),
+        }
+    }
+}
+
+/// A name with a relative weight (its share is `weight` over the sum of the weights).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// The name sent in the header.
+    pub name: String,
+    /// Relative weight, > 0.
+    pub weight: f64,
+}
+
+impl Share {
+    /// `name` with `weight`.
+    pub fn new(name: &str, weight: f64) -> Share {
+        Share {
+            name: name.into(),
+            weight,
         }
     }
 }
@@ -639,6 +698,48 @@ pub struct AnalysisSpec {
     /// A peer *melts* in a cell when its TTFT p90 (median over seeds) is at least this many
     /// times the best policy's. Default 10.
     pub melt_factor: f64,
+    /// The flow-control comparison (on against off under overload). Default none.
+    pub flow: Option<FlowAnalysisSpec>,
+}
+
+/// What the flow-control comparison looks at: two policy labels (the same routing policy with
+/// `flow_control` on and off), a `flow_mix` workload under overload and the same traffic
+/// unloaded (for the critical objective's unloaded TTFT).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowAnalysisSpec {
+    /// Policy labels with flow control on, each compared with `off`. Default `[flow-on]`.
+    pub on: Vec<String>,
+    /// Policy label with flow control off. Default `flow-off`.
+    pub off: String,
+    /// The overloaded workload. Default `overload`.
+    pub overload: String,
+    /// The same traffic at light load. Default `unloaded`.
+    pub unloaded: String,
+    /// The high-priority objective. Default `critical`.
+    pub critical: String,
+    /// The sheddable objective. Default `sheddable`.
+    pub sheddable: String,
+    /// The flooding tenant. Default `flood`.
+    pub flooding_tenant: String,
+    /// Goal: critical TTFT p90 under overload at most this many times its unloaded value.
+    /// Default 2.
+    pub critical_ttft_factor: f64,
+}
+
+impl Default for FlowAnalysisSpec {
+    fn default() -> Self {
+        FlowAnalysisSpec {
+            on: vec!["flow-on".into()],
+            off: "flow-off".into(),
+            overload: "overload".into(),
+            unloaded: "unloaded".into(),
+            critical: "critical".into(),
+            sheddable: "sheddable".into(),
+            flooding_tenant: "flood".into(),
+            critical_ttft_factor: 2.0,
+        }
+    }
 }
 
 /// One workload at one rate.
@@ -675,6 +776,7 @@ impl Default for AnalysisSpec {
             replay: String::new(),
             replay_baseline: "round-robin".into(),
             melt_factor: 10.0,
+            flow: None,
         }
     }
 }
@@ -937,6 +1039,29 @@ fn check_shape(shape: &Shape, at: &str) -> Vec<String> {
                 errors.push(format!("{at}.shape: need start_s >= 0 and duration_s > 0"));
             }
         }
+        Shape::FlowMix(s) => {
+            positive("prompt_tokens", s.prompt_tokens);
+            for (field, shares) in [("tenants", &s.tenants), ("objectives", &s.objectives)] {
+                if shares.is_empty() {
+                    errors.push(format!("{at}.shape.{field} must list at least one"));
+                }
+                for (i, x) in shares.iter().enumerate() {
+                    if x.name.is_empty() || !(x.weight.is_finite() && x.weight > 0.0) {
+                        errors.push(format!(
+                            "{at}.shape.{field}[{i}]: need a name and a weight > 0"
+                        ));
+                    }
+                }
+            }
+            for (field, h) in [
+                ("tenant_header", &s.tenant_header),
+                ("objective_header", &s.objective_header),
+            ] {
+                if h.is_empty() || http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    errors.push(format!("{at}.shape.{field} must be a header name"));
+                }
+            }
+        }
         Shape::MultiTenant(s) => {
             positive("tenants", s.tenants);
             positive("system_tokens", s.system_tokens);
@@ -957,7 +1082,7 @@ mod tests {
 
     #[test]
     fn presets_parse() {
-        for name in ["quick", "full", "smoke", "validate", "replay"] {
+        for name in ["quick", "full", "smoke", "validate", "replay", "flow"] {
             let plan = Plan::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!plan.workloads.is_empty(), "{name}");
         }

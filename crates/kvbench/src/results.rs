@@ -78,6 +78,10 @@ pub struct RunResult {
     pub cross_tenant: Option<CrossTenant>,
     /// kvrouter's decision time (`kvrouter_decision_duration_seconds`, real time).
     pub decision: Histogram,
+    /// How long admitted requests waited in kvrouter's flow-control queue
+    /// (`kvrouter_flow_wait_seconds`, every priority, real time); empty with flow control off.
+    #[serde(default)]
+    pub flow_wait: Histogram,
     /// CPU used.
     pub cpu: CpuUse,
     /// Scenario events done.

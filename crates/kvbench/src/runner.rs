@@ -171,6 +171,8 @@ pub async fn run(trace: Arc<Trace>, clock: SimClock, o: &RunOptions) -> Vec<Requ
                     cached_tokens: None,
                     completion_tokens: None,
                     bypassed: false,
+                    objective: t.objective.clone(),
+                    retry_after: None,
                 }
             })
         })
@@ -199,6 +201,8 @@ fn spawn_request(shared: &Arc<Shared>, id: usize, scheduled_ms: f64) {
             cached_tokens: o.cached_tokens,
             completion_tokens: o.completion_tokens,
             bypassed: req.bypass && !shared.direct.is_empty(),
+            objective: req.objective.clone(),
+            retry_after: o.retry_after,
         };
         let cancelled = |at: f64| {
             let o = client::Outcome {
@@ -227,6 +231,12 @@ fn spawn_request(shared: &Arc<Shared>, id: usize, scheduled_ms: f64) {
                     .map(|p| format!("{p}{id}"));
                 if let Some(rid) = &request_id {
                     headers.push(("x-request-id", rid));
+                }
+                if let (Some(h), Some(o)) = (
+                    shared.trace.objective_header.as_deref(),
+                    req.objective.as_deref(),
+                ) {
+                    headers.push((h, o));
                 }
                 let url = if req.bypass && !shared.direct.is_empty() {
                     &shared.direct[id % shared.direct.len()]

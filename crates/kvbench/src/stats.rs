@@ -436,6 +436,8 @@ mod tests {
             cached_tokens: Some(50),
             completion_tokens: Some(10),
             bypassed: false,
+            objective: None,
+            retry_after: None,
         }
     }
 

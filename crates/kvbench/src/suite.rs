@@ -264,6 +264,7 @@ fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult
         bound: None,
         cross_tenant: None,
         decision: Histogram::default(),
+        flow_wait: Histogram::default(),
         cpu: CpuUse::default(),
         events: Vec::new(),
         token_mismatches: 0,
@@ -432,12 +433,19 @@ async fn run_stack(
         r.wait_ready().await?;
     }
     let routers = Arc::new(routers);
+    let defaults = kvrouter::envoyconf::EnvoyOptions::default();
     let mut envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
         extproc: routers[0].grpc,
         replicas: kvrouter::envoyconf::Replicas::EdsFile(dir.join("eds.json")),
-        ..kvrouter::envoyconf::EnvoyOptions::default()
+        // A request may wait in the router's queue: Envoy must not give up on it first (it
+        // would then route it around the queue, uncounted).
+        message_timeout_ms: queue_wait_ms(&first_yaml).map_or(
+            defaults.message_timeout_ms,
+            kvrouter::envoyconf::message_timeout_for_wait,
+        ),
+        ..defaults
     });
     if routers.len() > 1 {
         let addrs: Vec<SocketAddr> = routers.iter().map(|r| r.grpc).collect();
@@ -512,6 +520,7 @@ async fn run_stack(
     let samples = scraper.await.unwrap_or_default();
     let after = cpu_at(&fleet.lock());
     let mut decision = Histogram::default();
+    let mut flow_wait = Histogram::default();
     let mut decisions: Vec<Decision> = Vec::new();
     let mut unmatched = 0;
     for (i, r) in routers.iter().enumerate() {
@@ -521,6 +530,12 @@ async fn run_stack(
         )
         .await;
         decision = merge_histograms(decision, h);
+        let h = scrape::fetch_histogram(
+            &format!("http://{}/metrics", r.admin),
+            "kvrouter_flow_wait_seconds",
+        )
+        .await;
+        flow_wait = merge_histograms(flow_wait, h);
         let name = if i == 0 {
             "router".to_string()
         } else {
@@ -607,6 +622,7 @@ async fn run_stack(
         bound: Some(bound_ratio),
         cross_tenant,
         decision,
+        flow_wait,
         cpu: CpuUse {
             wall_s,
             bench_s: after.0 - before.0,
@@ -621,6 +637,21 @@ async fn run_stack(
         records,
         samples,
     })
+}
+
+/// The longest a request may wait in the queue of the router config `yaml` (real ms, as
+/// written), when its flow control is on.
+fn queue_wait_ms(yaml: &str) -> Option<u64> {
+    let v: serde_norway::Value = serde_norway::from_str(yaml).ok()?;
+    let flow = v.get("flow_control")?;
+    if flow.get("enabled").and_then(serde_norway::Value::as_bool) != Some(true) {
+        return None;
+    }
+    Some(
+        flow.get("max_wait_ms")
+            .and_then(serde_norway::Value::as_u64)
+            .unwrap_or(kvrouter::config::FlowControlConfig::default().max_wait_ms),
+    )
 }
 
 /// The sum of two histograms with the same buckets (one of them may be empty).

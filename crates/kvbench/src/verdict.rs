@@ -232,7 +232,7 @@ impl RunData {
     }
 }
 
-fn median(v: &mut [f64]) -> Option<f64> {
+pub(crate) fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -245,7 +245,7 @@ fn median(v: &mut [f64]) -> Option<f64> {
     })
 }
 
-fn interval(mut v: Vec<f64>, point: Option<f64>) -> Estimate {
+pub(crate) fn interval(mut v: Vec<f64>, point: Option<f64>) -> Estimate {
     v.retain(|x| x.is_finite());
     Estimate {
         median: point,
@@ -500,6 +500,8 @@ mod tests {
                 cached_tokens: Some(50),
                 completion_tokens: Some(1),
                 bypassed: false,
+                objective: None,
+                retry_after: None,
             })
             .collect();
         RunResult {
@@ -515,6 +517,7 @@ mod tests {
             bound: None,
             cross_tenant: None,
             decision: Histogram::default(),
+            flow_wait: Histogram::default(),
             cpu: CpuUse::default(),
             events: Vec::new(),
             token_mismatches: 0,

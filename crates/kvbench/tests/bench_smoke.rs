@@ -288,3 +288,96 @@ async fn two_routers_replay_a_trace_on_two_seeds() {
         report.goals
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_plan_records_objectives_and_sheds_only_sheddable_work_with_retry_after() {
+    // The flow preset's shape, made tiny: one slow replica far past its capacity (about four
+    // 500-token prefills a simulated second against 40 arrivals), a short queue bound.
+    let mut plan = Plan::load("flow").unwrap();
+    plan.tokenizer = testkit::shared_fixture().display().to_string();
+    plan.seeds = 1;
+    plan.seed_set = kvbench::plan::SeedSet::Tuning;
+    plan.bootstrap_resamples = 100;
+    plan.time_scale = 5.0;
+    plan.drain_timeout_s = 60;
+    plan.fleet = serde_norway::from_str("[{count: 1, profile: l4-llama3-8b}]").unwrap();
+    plan.policies.retain(|p| p.label != "flow-on");
+    let tight = plan
+        .policies
+        .iter_mut()
+        .find(|p| p.label == "flow-on-tight")
+        .unwrap();
+    tight.router_yaml = Some(
+        serde_norway::from_str(
+            "flow_control: {enabled: true, max_wait_ms: 500, room: {max_prefill_tokens: 600, \
+             max_waiting_requests: 1}, objectives: [{name: critical, priority: 1}, \
+             {name: sheddable, priority: -1}]}",
+        )
+        .unwrap(),
+    );
+    plan.analysis.subject = "flow-on-tight".into();
+    plan.analysis.flow.as_mut().unwrap().on = vec!["flow-on-tight".into()];
+    for w in &mut plan.workloads {
+        if let Shape::FlowMix(s) = &mut w.shape {
+            s.prompt_tokens = 500;
+        }
+        w.output_tokens = kvbench::plan::OutputLen::Fixed(4);
+        let (rate, requests) = if w.name == "overload" {
+            (40.0, 60)
+        } else {
+            (1.0, 8)
+        };
+        w.rate = rate;
+        w.requests = Some(requests);
+    }
+    let out = tempfile::tempdir().unwrap();
+    let mut report = run_plan(&plan, &options(out.path().to_path_buf()))
+        .await
+        .unwrap();
+    report.finish(out.path()).unwrap();
+
+    assert_eq!(report.runs.len(), 2 * 2, "two arms x two workloads");
+    for run in &report.runs {
+        assert!(run.failed.is_none(), "{}: {:?}", run.label, run.failed);
+        for r in &run.records {
+            // Every request carries its objective and tenant, and ends in an answer or an
+            // explicit refusal: nothing is lost silently.
+            assert!(r.objective.is_some() && r.tenant.is_some(), "{r:?}");
+            let refused = matches!(r.status, 429 | 503) && r.retry_after.is_some();
+            assert!(r.ok() || refused, "{}: {r:?}", run.label);
+        }
+    }
+    let overload = |label: &str| {
+        report
+            .runs
+            .iter()
+            .find(|r| r.label == label && r.workload == "overload")
+            .unwrap()
+    };
+    // Off: nothing is refused, every request waits in the engine.
+    assert!(overload("flow-off").records.iter().all(|r| r.ok()));
+    // On: sheddable requests are turned away with 429 and retry-after; critical ones never get a
+    // 429.
+    let on = overload("flow-on-tight");
+    let shed: Vec<_> = on.records.iter().filter(|r| r.status == 429).collect();
+    assert!(!shed.is_empty(), "no 429 under overload");
+    assert!(shed
+        .iter()
+        .all(|r| r.objective.as_deref() == Some("sheddable")
+            && r.retry_after.as_deref() == Some("1")));
+    assert!(on
+        .records
+        .iter()
+        .filter(|r| r.objective.as_deref() == Some("critical"))
+        .all(|r| r.status != 429));
+    // The comparison is computed and reported.
+    assert_eq!(report.flow.len(), 1);
+    let f = &report.flow[0];
+    assert!(f.missing.is_none(), "{:?}", f.missing);
+    let row = |name: &str| f.rows.iter().find(|r| r.figure.starts_with(name)).unwrap();
+    assert!(row("sheddable answered 429").on.median.unwrap() > 0.0);
+    assert_eq!(row("sheddable answered 429").off.median, Some(0.0));
+    assert_eq!(row("lost silently").on.median, Some(0.0));
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("## Flow control: `flow-on-tight` against `flow-off`"));
+}

@@ -64,6 +64,7 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         p.bootstrap_resamples,
     );
     goals(&mut o, r);
+    flow(&mut o, r);
     verdicts(&mut o, r);
     cells(&mut o, r);
     must_show(&mut o, r);
@@ -134,6 +135,74 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         }
     }
     o
+}
+
+/// Flow control on against off (`analysis.flow`), if the plan asks for it.
+fn flow(o: &mut String, r: &Report) {
+    let Some(a) = &r.plan.analysis.flow else {
+        return;
+    };
+    for f in &r.flow {
+        flow_one(o, a, f);
+    }
+}
+
+fn flow_one(o: &mut String, a: &crate::plan::FlowAnalysisSpec, f: &crate::flow::FlowReport) {
+    let _ = writeln!(o, "## Flow control: `{}` against `{}`\n", f.on, a.off);
+    if let Some(why) = &f.missing {
+        let _ = writeln!(o, "Not computed: {why}.\n");
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "`{}` against `{}` on `{}` (the same traffic unloaded: `{}`), {} seeds ({}). Median over \
+         seeds [95% paired bootstrap interval]; a goal is met when its whole interval is within \
+         it, NOT met when wholly outside, else a tie. Counts are per run over the window; the \
+         queue's bound is {:.0} ms (simulated), refusals count as late past it plus {:.0} ms. \
+         The flooding tenant is `{}`; its fair share is max-min per priority band of the tokens \
+         admitted in that band (see `crates/kvbench/src/flow.rs`).\n",
+        f.on,
+        a.off,
+        a.overload,
+        a.unloaded,
+        f.seeds.len(),
+        f.seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        f.bound_ms,
+        crate::flow::BOUND_SLACK,
+        a.flooding_tenant,
+    );
+    let _ = writeln!(
+        o,
+        "| figure | goal | {} (on) | {} (off) | on / off | verdict (on) |",
+        f.on, a.off
+    );
+    let _ = writeln!(o, "| --- | --- | --- | --- | --- | --- |");
+    for row in &f.rows {
+        let pct = row.figure.contains("share") && !row.figure.contains('/');
+        let total = |t: Option<f64>| t.map_or(String::new(), |t| format!(" (all runs: {t:.0})"));
+        let _ = writeln!(
+            o,
+            "| {} | {} | {}{} | {}{} | {} | {} |",
+            row.figure,
+            row.goal,
+            est(Some(row.on), pct),
+            total(row.totals.map(|t| t.0)),
+            est(Some(row.off), pct),
+            total(row.totals.map(|t| t.1)),
+            est(row.on_over_off, false),
+            row.verdict
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nRouter side, admitted requests that waited in the queue past the bound (from \
+         `kvrouter_flow_wait_seconds`), per seed: {:?}.\n",
+        f.router_over_bound
+    );
 }
 
 fn goals(o: &mut String, r: &Report) {

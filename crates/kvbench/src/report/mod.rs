@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::analysis::{self, Analysis};
+use super::flow::{self, FlowReport};
 use super::goals::{self, Goal};
 use super::oracle::LowerBound;
 use super::overhead::OverheadResult;
@@ -98,6 +99,9 @@ pub struct Report {
     /// The goals of the plan's `analysis`, met or not, with their numbers.
     #[serde(default)]
     pub goals: Vec<Goal>,
+    /// Flow control on against off (the plan's `analysis.flow`), one per configuration on.
+    #[serde(default)]
+    pub flow: Vec<FlowReport>,
 }
 
 impl Report {
@@ -115,6 +119,7 @@ impl Report {
             analysis: None,
             cells: Vec::new(),
             goals: Vec::new(),
+            flow: Vec::new(),
         }
     }
 
@@ -193,6 +198,7 @@ impl Report {
             resampled.push(res);
         }
         self.goals = goals::evaluate(&self.plan, &self.runs, &self.cells, &resampled);
+        self.flow = flow::analyse(&self.plan, &self.runs);
         self.write_results(dir)?;
         let mut summary = self.clone();
         for r in &mut summary.runs {

@@ -31,6 +31,7 @@ pub(super) fn generate(
             cache_salt: None,
             group: rank,
             bypass: false,
+            objective: None,
         });
     }
     let hot = requests.iter().filter(|r| r.group == 0).count();
@@ -39,6 +40,7 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        objective_header: None,
         seed: 0,
         expected_shared_tokens: None,
         notes: vec![format!(

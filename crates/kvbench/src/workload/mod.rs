@@ -3,6 +3,7 @@
 //!
 //! One file per shape; this file holds the trace types and what they share (arrivals, Zipf).
 
+mod flow_mix;
 mod hot_prefix;
 mod multi_tenant;
 mod multi_turn;
@@ -63,6 +64,8 @@ pub struct TraceRequest {
     pub group: usize,
     /// Sent straight to a replica, bypassing Envoy and the router.
     pub bypass: bool,
+    /// The objective (sent in the trace's `objective_header`), if any.
+    pub objective: Option<String>,
 }
 
 impl TraceRequest {
@@ -98,6 +101,9 @@ pub struct Trace {
     pub requests: Vec<TraceRequest>,
     /// Header carrying `TraceRequest::tenant`, if the workload has tenants.
     pub tenant_header: Option<String>,
+    /// Header carrying `TraceRequest::objective` (the Inference Extension's objective header),
+    /// if the workload names objectives.
+    pub objective_header: Option<String>,
     /// Facts about the generated trace for the report (e.g. how groups were sized).
     pub notes: Vec<String>,
     /// The seed it was generated from.
@@ -142,6 +148,7 @@ impl GenContext<'_> {
             cache_salt: None,
             group: 0,
             bypass: false,
+            objective: None,
         };
         Ok(engine_ids(self.engine, &probe, self.model)?.len())
     }
@@ -247,6 +254,7 @@ pub fn generate(
         Shape::HotPrefix(s) => hot_prefix::generate(s, workload, &mut cx, &mut arrivals)?,
         Shape::MultiTenant(s) => multi_tenant::generate(s, workload, &mut cx, &mut arrivals)?,
         Shape::Trace(s) => replay::generate(s, workload, &mut cx)?,
+        Shape::FlowMix(s) => flow_mix::generate(s, workload, &mut cx, &mut arrivals)?,
     };
     trace.workload = workload.name.clone();
     if !matches!(workload.shape, Shape::Trace(_)) {

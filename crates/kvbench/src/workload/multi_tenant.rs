@@ -31,6 +31,7 @@ pub(super) fn generate(
             cache_salt: s.cache_salt.then(|| format!("salt-tenant-{tenant}")),
             group: tenant,
             bypass: false,
+            objective: None,
         });
     }
     Ok(Trace {
@@ -38,6 +39,7 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: Some(s.tenant_header.clone()),
+        objective_header: None,
         seed: 0,
         expected_shared_tokens: None,
         notes: vec![format!(

@@ -55,6 +55,7 @@ pub(super) fn generate(
                 cache_salt: None,
                 group: c,
                 bypass: false,
+                objective: None,
             });
             // The simulator's deterministic answer of this length: the next turn resends it.
             history.push(Message {
@@ -72,6 +73,7 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        objective_header: None,
         seed: 0,
         expected_shared_tokens: None,
         notes: vec![format!(

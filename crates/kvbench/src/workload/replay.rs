@@ -171,6 +171,7 @@ pub(super) fn generate(
             cache_salt: None,
             group: l.hash_ids.first().copied().unwrap_or(0) as usize,
             bypass: false,
+            objective: None,
         });
     }
     let shared = trace_shared_tokens(&lines, s.block_tokens);
@@ -185,6 +186,7 @@ pub(super) fn generate(
         rate: (rate * 100.0).round() / 100.0,
         requests,
         tenant_header: None,
+        objective_header: None,
         seed: 0,
         notes: vec![format!(
             "{} ({}): {n} requests from trace time {}..{} s, {}x faster ({:.2} req/s); mean input \

@@ -54,6 +54,7 @@ pub(super) fn generate(
             cache_salt: None,
             group: g,
             bypass: false,
+            objective: None,
         });
     }
     Ok(Trace {
@@ -61,6 +62,7 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        objective_header: None,
         seed: 0,
         expected_shared_tokens: None,
         notes: vec![format!(

@@ -26,6 +26,7 @@ pub(super) fn generate(
             cache_salt: None,
             group: id,
             bypass: false,
+            objective: None,
         });
     }
     Ok(Trace {
@@ -33,6 +34,7 @@ pub(super) fn generate(
         rate: 0.0,
         requests,
         tenant_header: None,
+        objective_header: None,
         seed: 0,
         expected_shared_tokens: None,
         notes: vec![format!(
