@@ -194,6 +194,12 @@ pub struct RoutingConfig {
     /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
     /// never fails for lack of one. 0 disables the deadline. Default 100.
     pub prefix_budget_ms: u64,
+    /// Bodies longer than this, in bytes, are decided in the heavy lane: at most half the cores'
+    /// worth of them at once, queued apart from the light lane (twice the cores) that every
+    /// shorter body uses. So worst-case bodies (tens of thousands of messages, near-limit sizes)
+    /// queue behind each other and never in front of a normal chat; a light body is bounded in
+    /// work by its size (a 64 KiB body holds at most a few thousand messages). Default 64 KiB.
+    pub heavy_body_bytes: usize,
 }
 
 impl Default for RoutingConfig {
@@ -207,6 +213,7 @@ impl Default for RoutingConfig {
             max_messages: crate::request::DEFAULT_MAX_MESSAGES,
             max_content_parts: crate::request::DEFAULT_MAX_CONTENT_PARTS,
             prefix_budget_ms: 100,
+            heavy_body_bytes: 64 << 10,
         }
     }
 }

@@ -198,13 +198,24 @@ pub struct Stream {
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
 
-/// Bounds concurrent decisions on the blocking pool (tokenizing, huge bodies) to twice the
-/// cores.
-fn slow_decisions() -> &'static tokio::sync::Semaphore {
-    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    PERMITS.get_or_init(|| {
+/// Permits for decisions on the blocking pool (tokenizing, huge bodies), in two lanes so that
+/// worst-case bodies never queue in front of normal ones: bodies up to
+/// `routing.heavy_body_bytes` share twice the cores' worth of permits, longer ones half the
+/// cores' worth (at least one) of their own. A flood of heavy bodies then waits behind itself and
+/// leaves at least half the cores to everyone else; a light body's work is bounded by its size.
+struct Lanes {
+    light: tokio::sync::Semaphore,
+    heavy: tokio::sync::Semaphore,
+}
+
+fn lanes() -> &'static Lanes {
+    static LANES: std::sync::OnceLock<Lanes> = std::sync::OnceLock::new();
+    LANES.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        tokio::sync::Semaphore::new(cores * 2)
+        Lanes {
+            light: tokio::sync::Semaphore::new(cores * 2),
+            heavy: tokio::sync::Semaphore::new((cores / 2).max(1)),
+        }
     })
 }
 
@@ -464,7 +475,12 @@ impl Stream {
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
             // At most a few slow decisions at once, so a burst queues here (asynchronously)
             // instead of starting a blocking thread per request and starving the cores.
-            let _permit = slow_decisions().acquire().await;
+            let lane = if pending.len > pending.state.config.routing.heavy_body_bytes {
+                &lanes().heavy
+            } else {
+                &lanes().light
+            };
+            let _permit = lane.acquire().await;
             let router = Arc::clone(&self.router);
             let request_id = self.request_id.clone();
             let abandoned = Abandoned::default();
