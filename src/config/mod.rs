@@ -18,6 +18,7 @@ mod traces;
 mod validate;
 pub mod watch;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
-pub use flow::{FlowControlConfig, ObjectiveConfig, RoomConfig};
+pub use flow::{FlowControlConfig, ObjectiveConfig, RoomConfig, UnmatchedLabels};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
     check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
@@ -412,6 +413,14 @@ pub struct PoolConfig {
     /// selects, or a label selector's (see [`KubernetesConfig`]). A pool lists `endpoints`, or
     /// has `dns`, or `kubernetes`. Default: none.
     pub kubernetes: Option<KubernetesConfig>,
+    /// The tenants (values of the trusted `tenancy.header`) whose requests may go to this pool's
+    /// endpoints; a request without a tenant, or of another tenant, never does. Needs
+    /// `tenancy.header`. Default: empty, the pool is open to every request.
+    pub tenants: Vec<String>,
+    /// Labels of every endpoint of the pool (e.g. `hardware: h100`, `revision: "2025-06"`),
+    /// which an objective's `required_labels` select on. An endpoint's own labels, and a
+    /// Kubernetes pod's labels, add to and override these. Default: none.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// One model replica.
@@ -445,6 +454,8 @@ pub struct EndpointConfig {
     pub cache_capacity_tokens: Option<u64>,
     /// This replica's own KV-event settings, overriding its pool's. Default: the pool's.
     pub kv_events: Option<EndpointKvEvents>,
+    /// This replica's labels, added to (and overriding) its pool's `labels`. Default: none.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl Default for EndpointConfig {
@@ -459,6 +470,7 @@ impl Default for EndpointConfig {
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
             kv_events: None,
+            labels: BTreeMap::new(),
         }
     }
 }
@@ -573,6 +585,7 @@ impl Config {
                     prefill_tokens_per_s: ep.prefill_tokens_per_s.or(pool.prefill_tokens_per_s),
                     cache_capacity_tokens: ep.cache_capacity_tokens.or(pool.cache_capacity_tokens),
                     engine: pool.engine,
+                    labels: merged_labels(&pool.labels, &ep.labels),
                 });
             }
         }
@@ -595,6 +608,7 @@ impl ResolvedEndpoint {
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
             engine: EngineKind::default(),
+            labels: BTreeMap::new(),
         }
     }
 
@@ -611,8 +625,19 @@ impl ResolvedEndpoint {
             prefill_tokens_per_s: pool.prefill_tokens_per_s,
             cache_capacity_tokens: pool.cache_capacity_tokens,
             engine: pool.engine,
+            labels: pool.labels.clone(),
         }
     }
+}
+
+/// `pool`'s labels with `own` added over them.
+pub fn merged_labels(
+    pool: &BTreeMap<String, String>,
+    own: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut labels = pool.clone();
+    labels.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels
 }
 
 /// An endpoint with its pool's defaults applied and its address parsed.
@@ -638,4 +663,6 @@ pub struct ResolvedEndpoint {
     pub cache_capacity_tokens: Option<u64>,
     /// The serving engine (which metric names are scraped).
     pub engine: EngineKind,
+    /// Its labels: the pool's, with the endpoint's (or pod's) own over them.
+    pub labels: BTreeMap<String, String>,
 }

@@ -779,6 +779,7 @@ fn decide_guarded(
             subset: pending.subset.as_deref(),
             tenant: pending.tenant.as_deref(),
             request_id,
+            objective: pending.flow.objective.as_deref(),
         };
         router
             .decide(&pending.state, &parsed, ctx)

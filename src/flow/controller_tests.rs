@@ -45,6 +45,7 @@ fn labels(priority: i32, flow: &str) -> Labels {
     Labels {
         priority,
         flow: flow.into(),
+        objective: None,
     }
 }
 

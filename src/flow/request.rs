@@ -19,6 +19,9 @@ pub struct Labels {
     pub priority: i32,
     /// Its flow: the trusted tenant, else the fairness id, else `default`.
     pub flow: String,
+    /// Its objective, when the config lists it (`flow_control.objectives[].name`; an unknown
+    /// value is dropped, so this is never client text the config does not name).
+    pub objective: Option<String>,
 }
 
 impl Default for Labels {
@@ -26,6 +29,7 @@ impl Default for Labels {
         Labels {
             priority: 0,
             flow: DEFAULT_FLOW.to_string(),
+            objective: None,
         }
     }
 }
@@ -47,6 +51,7 @@ impl Labels {
         Labels {
             priority: config.priority_of(objective),
             flow: flow.chars().take(MAX_FLOW_CHARS).collect(),
+            objective: config.objective(objective).map(|o| o.name.clone()),
         }
     }
 }

@@ -118,9 +118,15 @@ pub(super) fn observe(
         Err(RouteError::UnknownModel { .. }) => GieOutcome::Rejected {
             error_code: "BadRequest",
         },
-        Err(RouteError::NoEndpoint { .. }) => GieOutcome::Rejected {
-            error_code: "ServiceUnavailable",
+        // The tenant is authenticated but not allowed there: the request, not the fleet.
+        Err(RouteError::TenantNotAllowed { .. }) => GieOutcome::Rejected {
+            error_code: "BadRequest",
         },
+        Err(RouteError::NoEndpoint { .. } | RouteError::NoLabeledEndpoint { .. }) => {
+            GieOutcome::Rejected {
+                error_code: "ServiceUnavailable",
+            }
+        }
     };
     tables.metrics.gie.record(model, took, outcome);
     if tables.feed.watched() {

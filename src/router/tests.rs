@@ -48,6 +48,7 @@ const NONE: RouteContext<'static> = RouteContext {
     subset: None,
     tenant: None,
     request_id: "",
+    objective: None,
 };
 
 /// Decides `req` under the snapshot in force, as a request arriving now would.
