@@ -195,11 +195,12 @@ pub struct RoutingConfig {
     /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
     /// never fails for lack of one. 0 disables the deadline. Default 100.
     pub prefix_budget_ms: u64,
-    /// Bodies longer than this, in bytes, are decided in the heavy lane: at most half the cores'
-    /// worth of them at once, queued apart from the light lane (twice the cores) that every
-    /// shorter body uses. So worst-case bodies (tens of thousands of messages, near-limit sizes)
-    /// queue behind each other and never in front of a normal chat; a light body is bounded in
-    /// work by its size (a 64 KiB body holds at most a few thousand messages). Default 64 KiB.
+    /// Bodies longer than this, in bytes, are decided in the heavy lane: half the cores' worth of
+    /// threads at the lowest CPU priority, queued apart from the light lane (twice the cores, at
+    /// normal priority) that every shorter body uses. So worst-case bodies (tens of thousands of
+    /// messages, near-limit sizes) queue behind each other, never in front of a normal chat, and
+    /// use only the CPU the rest leaves; a light body is bounded in work by its size (a 64 KiB
+    /// body holds at most a few thousand messages). Default 64 KiB.
     pub heavy_body_bytes: usize,
 }
 
