@@ -101,6 +101,9 @@ impl Drop for DecisionWatch {
     }
 }
 
+/// The `model_name` of requests for a model no endpoint serves.
+pub(crate) const UNKNOWN_MODEL_LABEL: &str = "(unknown)";
+
 /// Tells the GIE metrics and the feed's watchers about one decision on `model` started at
 /// `started`.
 pub(super) fn observe(
@@ -128,7 +131,14 @@ pub(super) fn observe(
             }
         }
     };
-    tables.metrics.gie.record(model, took, outcome);
+    // A name no endpoint serves is client text (a prompt pasted into `model`, or one series per
+    // made-up name): it never becomes a label value.
+    let label = if matches!(decided, Err(RouteError::UnknownModel { .. })) {
+        UNKNOWN_MODEL_LABEL
+    } else {
+        model
+    };
+    tables.metrics.gie.record(label, took, outcome);
     if tables.feed.watched() {
         let unix_time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -136,7 +146,7 @@ pub(super) fn observe(
         tables.feed.publish(DecisionRecord {
             request_id: request_id.to_string(),
             unix_time_ms,
-            model: model.to_string(),
+            model: crate::request::model_for_display(model).into_owned(),
             took,
             outcome: match decided {
                 Ok(d) => Ok(d.plan.explain()),

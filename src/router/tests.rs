@@ -122,6 +122,27 @@ fn unknown_model_is_an_error_naming_it() {
 }
 
 #[test]
+fn an_unknown_model_name_never_becomes_a_metric_label() {
+    let metrics = Arc::new(Metrics::new());
+    let r = Router::new(
+        Config::parse_and_validate(CONFIG, "test").unwrap(),
+        Arc::clone(&metrics),
+        Path::new("."),
+    )
+    .unwrap();
+    // A prompt pasted into `model`: client text, and one series per made-up name.
+    let body = chat("please summarise Zq7xLABELxSECRET for me");
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    assert!(decide_now(&r, &req, NONE).is_err());
+    let text = metrics.render(&endpoints(&r));
+    assert!(!text.contains("Zq7xLABELxSECRET"), "{text}");
+    assert!(
+        text.contains("model_name=\"(unknown)\""),
+        "still counted, under a fixed label: {text}"
+    );
+}
+
+#[test]
 fn subset_hint_restricts_and_can_exclude_everything() {
     let r = router(CONFIG);
     let body = chat("m");
