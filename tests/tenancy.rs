@@ -302,3 +302,74 @@ async fn kv_events_confirm_the_tenants_namespace() {
     let (none, _) = send(&stack, body("Q3?"), &[]).await;
     assert_eq!(none.status, 401, "{}", none.body);
 }
+
+/// Pools confined to tenants (`pools[].tenants`), through real Envoy: the tenant comes only
+/// from a verified token, each tenant's requests reach only its own pool's replicas (even with a
+/// forged tenant header), and a request whose tenant may use no pool serving the model gets a
+/// 403 with an OpenAI-style error that does not carry the prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_confined_to_pools_reach_only_their_replicas() {
+    const MARKER: &str = "Zq7xPOOLxSECRETx12";
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new();
+    let jwks = issuer.write_jwks(dir.path());
+    let stack = stack(3, BodyMode::Buffered, &jwks, "").await;
+    let [r0, r1, r2] = [0, 1, 2].map(|i| stack.replicas[i].addr);
+    // r0 and r1 serve acme only, r2 globex only; no pool is open to everyone.
+    let pools = format!(
+        "server:\n  reload_interval_ms: 50\n\
+         envoy:\n  eds_path: {eds}\n\
+         models: [{{name: {MODEL}, tokenizer: \"{tokenizer}\"}}]\n\
+         tenancy: {{header: {TENANT_HEADER}}}\n\
+         pools:\n\
+         \x20 - name: acme-pool\n    models: [{MODEL}]\n    tenants: [acme]\n\
+         \x20   endpoints: [{{address: \"{r0}\"}}, {{address: \"{r1}\"}}]\n\
+         \x20 - name: globex-pool\n    models: [{MODEL}]\n    tenants: [globex]\n\
+         \x20   endpoints: [{{address: \"{r2}\"}}]\n",
+        eds = stack.dir.path().join("eds.json").display(),
+        tokenizer = fixture(),
+    );
+    let file = dir.path().join("pools.yaml");
+    std::fs::write(&file, &pools).unwrap();
+    check_config(&kvrouter_bin(), &file).unwrap();
+    stack.reload(&pools).await;
+
+    let acme = bearer(&issuer.token("acme"));
+    let globex = bearer(&issuer.token("globex"));
+    let served_by = |r: &Reply| -> std::net::SocketAddr {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.upstream.as_deref().expect("upstream").parse().unwrap()
+    };
+    // Distinct prompts, so a policy free to choose would spread them over all three replicas.
+    let prompt = |i: usize| {
+        serde_json::json!({
+            "model": MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": format!("{MARKER} distinct question {i} ").repeat(30)}],
+        })
+        .to_string()
+    };
+    let mut acme_upstreams = std::collections::BTreeSet::new();
+    for i in 0..8 {
+        let (r, _) = send(&stack, prompt(i), std::slice::from_ref(&acme)).await;
+        acme_upstreams.insert(served_by(&r));
+        // globex's token with acme's name in the tenant header: the header is Envoy's to set.
+        let forged = [globex.clone(), (TENANT_HEADER, "acme".to_string())];
+        let (r, _) = send(&stack, prompt(100 + i), &forged).await;
+        assert_eq!(served_by(&r), r2, "globex stays on its pool");
+    }
+    assert!(
+        acme_upstreams.iter().all(|a| [r0, r1].contains(a)),
+        "acme only on its pool: {acme_upstreams:?}"
+    );
+
+    // No pool for these: a token of another tenant, no token with a forged header, no token.
+    let initech = bearer(&issuer.token("initech"));
+    let forged_only = (TENANT_HEADER, "acme".to_string());
+    for headers in [vec![initech], vec![forged_only], vec![]] {
+        let (r, _) = send(&stack, prompt(200), &headers).await;
+        assert_eq!(r.status, 403, "{headers:?}: {}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).expect("JSON error body");
+        assert_eq!(v["error"]["type"], "permission_error", "{}", r.body);
+        assert!(!r.body.contains(MARKER), "the prompt leaked: {}", r.body);
+    }
+}

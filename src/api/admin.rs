@@ -54,7 +54,10 @@ impl pb::admin_server::Admin for AdminService {
             };
             view.explain(&parsed, ctx).map_err(|e| match e {
                 RouteError::UnknownModel { .. } => Status::not_found(e.to_string()),
-                RouteError::NoEndpoint { .. } => Status::failed_precondition(e.to_string()),
+                RouteError::NoEndpoint { .. } | RouteError::NoLabeledEndpoint { .. } => {
+                    Status::failed_precondition(e.to_string())
+                }
+                RouteError::TenantNotAllowed { .. } => Status::permission_denied(e.to_string()),
             })
         })
         .await

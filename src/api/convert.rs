@@ -103,6 +103,12 @@ pub(super) fn record_to_pb(r: &DecisionRecord, dropped_before: u64) -> pb::Decis
         Err(e @ crate::router::RouteError::NoEndpoint { .. }) => {
             ("no_endpoint", e.to_string(), None)
         }
+        Err(e @ crate::router::RouteError::TenantNotAllowed { .. }) => {
+            ("tenant_not_allowed", e.to_string(), None)
+        }
+        Err(e @ crate::router::RouteError::NoLabeledEndpoint { .. }) => {
+            ("no_labeled_endpoint", e.to_string(), None)
+        }
     };
     pb::DecisionRecord {
         request_id: r.request_id.clone(),

@@ -129,18 +129,37 @@ pub struct ObjectiveConfig {
     /// request's deadline is its arrival plus this. Must be > 0 if set. Default none (no
     /// deadline: served after the requests that have one).
     pub ttft_target_ms: Option<u64>,
+    /// Endpoint labels a request of this objective needs (e.g. `hardware: h100`): only
+    /// endpoints carrying every one of them with that value are its candidates. Applies whether
+    /// or not flow control is enabled. Default: none.
+    pub required_labels: std::collections::BTreeMap<String, String>,
+    /// When no endpoint serving the model carries `required_labels`: `reject` answers 503
+    /// (`No endpoint ... has the labels objective ... requires`), `any` routes over every
+    /// endpoint serving the model as if no label were required. Default `reject`.
+    pub unmatched: UnmatchedLabels,
+}
+
+/// What a request whose objective requires labels no endpoint has gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnmatchedLabels {
+    /// 503: no endpoint has the labels.
+    #[default]
+    Reject,
+    /// Route over every endpoint serving the model.
+    Any,
 }
 
 impl FlowControlConfig {
+    /// The configured objective named `objective`, if any.
+    pub fn objective(&self, objective: Option<&str>) -> Option<&ObjectiveConfig> {
+        objective.and_then(|name| self.objectives.iter().find(|o| o.name == name))
+    }
+
     /// The priority of a request naming `objective` (none, or an unknown name: the default).
     pub fn priority_of(&self, objective: Option<&str>) -> i32 {
         self.objective(objective)
             .map_or(self.default_priority, |o| o.priority)
-    }
-
-    /// The configured objective named `objective`, if any.
-    pub fn objective(&self, objective: Option<&str>) -> Option<&ObjectiveConfig> {
-        objective.and_then(|name| self.objectives.iter().find(|o| o.name == name))
     }
 
     /// The ordering of the band of `priority`.
@@ -207,6 +226,14 @@ impl FlowControlConfig {
                     format!("{p}.objectives[{i}].name"),
                     format!("{:?} is listed twice", o.name),
                 );
+            }
+            for key in o.required_labels.keys() {
+                if key.trim().is_empty() {
+                    errors.push(
+                        format!("{p}.objectives[{i}].required_labels"),
+                        "a label name must not be empty",
+                    );
+                }
             }
         }
     }

@@ -18,6 +18,7 @@ mod traces;
 mod validate;
 pub mod watch;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -25,7 +26,9 @@ use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
-pub use flow::{BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig};
+pub use flow::{
+    BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig, UnmatchedLabels,
+};
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
     check_zmq_endpoint, expand_template, EndpointKvEvents, KvEventsAttach, KvEventsConfig,
@@ -194,6 +197,13 @@ pub struct RoutingConfig {
     /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
     /// never fails for lack of one. 0 disables the deadline. Default 100.
     pub prefix_budget_ms: u64,
+    /// Bodies longer than this, in bytes, are decided in the heavy lane: half the cores' worth of
+    /// threads at the lowest CPU priority, queued apart from the light lane (twice the cores, at
+    /// normal priority) that every shorter body uses. So worst-case bodies (tens of thousands of
+    /// messages, near-limit sizes) queue behind each other, never in front of a normal chat, and
+    /// use only the CPU the rest leaves; a light body is bounded in work by its size (a 64 KiB
+    /// body holds at most a few thousand messages). Default 64 KiB.
+    pub heavy_body_bytes: usize,
 }
 
 impl Default for RoutingConfig {
@@ -207,6 +217,7 @@ impl Default for RoutingConfig {
             max_messages: crate::request::DEFAULT_MAX_MESSAGES,
             max_content_parts: crate::request::DEFAULT_MAX_CONTENT_PARTS,
             prefix_budget_ms: 100,
+            heavy_body_bytes: 64 << 10,
         }
     }
 }
@@ -405,6 +416,14 @@ pub struct PoolConfig {
     /// selects, or a label selector's (see [`KubernetesConfig`]). A pool lists `endpoints`, or
     /// has `dns`, or `kubernetes`. Default: none.
     pub kubernetes: Option<KubernetesConfig>,
+    /// The tenants (values of the trusted `tenancy.header`) whose requests may go to this pool's
+    /// endpoints; a request without a tenant, or of another tenant, never does. Needs
+    /// `tenancy.header`. Default: empty, the pool is open to every request.
+    pub tenants: Vec<String>,
+    /// Labels of every endpoint of the pool (e.g. `hardware: h100`, `revision: "2025-06"`),
+    /// which an objective's `required_labels` select on. An endpoint's own labels, and a
+    /// Kubernetes pod's labels, add to and override these. Default: none.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// One model replica.
@@ -438,6 +457,8 @@ pub struct EndpointConfig {
     pub cache_capacity_tokens: Option<u64>,
     /// This replica's own KV-event settings, overriding its pool's. Default: the pool's.
     pub kv_events: Option<EndpointKvEvents>,
+    /// This replica's labels, added to (and overriding) its pool's `labels`. Default: none.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl Default for EndpointConfig {
@@ -452,6 +473,7 @@ impl Default for EndpointConfig {
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
             kv_events: None,
+            labels: BTreeMap::new(),
         }
     }
 }
@@ -566,6 +588,7 @@ impl Config {
                     prefill_tokens_per_s: ep.prefill_tokens_per_s.or(pool.prefill_tokens_per_s),
                     cache_capacity_tokens: ep.cache_capacity_tokens.or(pool.cache_capacity_tokens),
                     engine: pool.engine,
+                    labels: merged_labels(&pool.labels, &ep.labels),
                 });
             }
         }
@@ -588,6 +611,7 @@ impl ResolvedEndpoint {
             prefill_tokens_per_s: None,
             cache_capacity_tokens: None,
             engine: EngineKind::default(),
+            labels: BTreeMap::new(),
         }
     }
 
@@ -604,8 +628,19 @@ impl ResolvedEndpoint {
             prefill_tokens_per_s: pool.prefill_tokens_per_s,
             cache_capacity_tokens: pool.cache_capacity_tokens,
             engine: pool.engine,
+            labels: pool.labels.clone(),
         }
     }
+}
+
+/// `pool`'s labels with `own` added over them.
+pub fn merged_labels(
+    pool: &BTreeMap<String, String>,
+    own: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut labels = pool.clone();
+    labels.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels
 }
 
 /// An endpoint with its pool's defaults applied and its address parsed.
@@ -631,4 +666,6 @@ pub struct ResolvedEndpoint {
     pub cache_capacity_tokens: Option<u64>,
     /// The serving engine (which metric names are scraped).
     pub engine: EngineKind,
+    /// Its labels: the pool's, with the endpoint's (or pod's) own over them.
+    pub labels: BTreeMap<String, String>,
 }

@@ -304,6 +304,24 @@ impl Config {
                     errors.push(format!("{at}.models[{m}]"), "must not be empty");
                 }
             }
+            if !pool.tenants.is_empty() && self.tenancy.header.is_none() {
+                errors.push(
+                    format!("{at}.tenants"),
+                    "needs tenancy.header: without a trusted tenant no request could use the pool",
+                );
+            }
+            let mut tenants = HashSet::new();
+            for (t, tenant) in pool.tenants.iter().enumerate() {
+                if tenant.trim().is_empty() {
+                    errors.push(format!("{at}.tenants[{t}]"), "must not be empty");
+                } else if !tenants.insert(tenant.as_str()) {
+                    errors.push(
+                        format!("{at}.tenants[{t}]"),
+                        format!("{tenant:?} is listed twice"),
+                    );
+                }
+            }
+            check_labels(errors, &format!("{at}.labels"), &pool.labels);
             if let Some(dns) = &pool.dns {
                 total += 1;
                 if !pool.endpoints.is_empty() {
@@ -392,6 +410,7 @@ impl Config {
                         errors.push(format!("{at}.models[{m}]"), "must not be empty");
                     }
                 }
+                check_labels(errors, &format!("{at}.labels"), &ep.labels);
                 positive_finite(errors, &format!("{at}.weight"), ep.weight);
                 if ep.max_in_flight == Some(0) {
                     errors.push(format!("{at}.max_in_flight"), "must be > 0 when set");
@@ -401,6 +420,17 @@ impl Config {
         if total == 0 {
             errors.push("pools", "no endpoints configured");
         }
+    }
+}
+
+/// Label names and values are free text but not empty names.
+fn check_labels(
+    errors: &mut Errors,
+    at: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) {
+    if labels.keys().any(|k| k.trim().is_empty()) {
+        errors.push(at, "a label name must not be empty");
     }
 }
 

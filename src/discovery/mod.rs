@@ -63,6 +63,8 @@ pub struct Endpoint {
     pub engine: EngineKind,
     /// The source that published it (`static`, `dns:<pool>`, ...).
     pub source: Arc<str>,
+    /// Its labels (pool, endpoint or pod labels), which objectives' `required_labels` select on.
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Live load state, carried across snapshots.
     pub load: Arc<EndpointLoad>,
     /// Live health state, carried across snapshots.
@@ -179,6 +181,7 @@ impl EndpointSet {
                 cache_capacity_tokens: spec.cache_capacity_tokens,
                 engine: spec.engine,
                 source: Arc::clone(source),
+                labels: spec.labels.clone(),
                 load,
                 health,
             }));

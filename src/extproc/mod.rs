@@ -12,6 +12,7 @@
 mod budget;
 mod envoy;
 pub mod inflight;
+mod lanes;
 mod reject;
 mod salt;
 pub mod stream;

@@ -123,10 +123,16 @@ impl From<RouteError> for Rejection {
                 kind: "not_found_error",
                 param: Some("model".into()),
             },
-            RouteError::NoEndpoint { .. } => Rejection {
+            RouteError::NoEndpoint { .. } | RouteError::NoLabeledEndpoint { .. } => Rejection {
                 status: 503,
                 message: e.to_string(),
                 kind: "service_unavailable",
+                param: None,
+            },
+            RouteError::TenantNotAllowed { .. } => Rejection {
+                status: 403,
+                message: e.to_string(),
+                kind: "permission_error",
                 param: None,
             },
         }
@@ -156,6 +162,19 @@ mod tests {
                 Rejection::from(RouteError::NoEndpoint {
                     model: "x".into(),
                     reason: "r",
+                }),
+                503,
+                None,
+            ),
+            (
+                Rejection::from(RouteError::TenantNotAllowed { model: "x".into() }),
+                403,
+                None,
+            ),
+            (
+                Rejection::from(RouteError::NoLabeledEndpoint {
+                    model: "x".into(),
+                    objective: "o".into(),
                 }),
                 503,
                 None,

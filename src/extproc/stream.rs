@@ -50,6 +50,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use super::budget;
 use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
+use super::lanes;
 use super::reject::Rejection;
 use super::salt;
 use crate::flow;
@@ -197,16 +198,6 @@ pub struct Stream {
 }
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
-
-/// Bounds concurrent decisions on the blocking pool (tokenizing, huge bodies) to twice the
-/// cores.
-fn slow_decisions() -> &'static tokio::sync::Semaphore {
-    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    PERMITS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        tokio::sync::Semaphore::new(cores * 2)
-    })
-}
 
 /// The request id as logged: at most 64 characters of what the client or Envoy sent.
 fn request_id(id: Option<&str>) -> String {
@@ -462,17 +453,17 @@ impl Stream {
         let retry_after = pending.state.config.routing.retry_after_s;
         let span = DecisionSpan::start(pending.trace.as_ref(), &self.request_id);
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
-            // At most a few slow decisions at once, so a burst queues here (asynchronously)
-            // instead of starting a blocking thread per request and starving the cores.
-            let _permit = slow_decisions().acquire().await;
+            // Off the async workers, in the lane its size calls for (`super::lanes`): worst-case
+            // bodies queue apart from, and run at a lower CPU priority than, everyone else's.
+            let heavy = pending.len > pending.state.config.routing.heavy_body_bytes;
             let router = Arc::clone(&self.router);
             let request_id = self.request_id.clone();
             let abandoned = Abandoned::default();
             let gone = Arc::clone(&abandoned.0);
-            let joined = tokio::task::spawn_blocking(move || {
-                // Envoy may have given up on the request while it queued for a blocking thread
-                // (client gone, message timeout): then the stream's future was dropped, and
-                // tokenizing would only take a core from live requests.
+            let joined = lanes::run(heavy, move || {
+                // Envoy may have given up on the request while it queued for its lane (client
+                // gone, message timeout): then the stream's future was dropped, and tokenizing
+                // would only take a core from live requests.
                 if gone.load(Ordering::Relaxed) {
                     tracing::debug!(request_id = %request_id, "abandoned before deciding");
                     return (pending, Ok(None));
@@ -483,9 +474,9 @@ impl Stream {
             .await;
             drop(abandoned);
             match joined {
-                Ok(pair) => pair,
+                Some(pair) => pair,
                 // The runtime is shutting down; the body went with the task.
-                Err(_) => return self.reject(Rejection::internal(), retry_after),
+                None => return self.reject(Rejection::internal(), retry_after),
             }
         } else {
             let result = decide_guarded(&self.router, &pending, &self.request_id);
@@ -763,6 +754,7 @@ fn decide_guarded(
             subset: pending.subset.as_deref(),
             tenant: pending.tenant.as_deref(),
             request_id,
+            objective: pending.flow.objective.as_deref(),
         };
         router
             .decide(&pending.state, &parsed, ctx)

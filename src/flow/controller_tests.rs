@@ -46,6 +46,7 @@ fn labels(priority: i32, flow: &str) -> Labels {
         priority,
         flow: flow.into(),
         ttft_target_ms: None,
+        objective: None,
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Labels {
     pub flow: String,
     /// Its objective's TTFT target, in ms (its deadline under `edf` ordering), if it has one.
     pub ttft_target_ms: Option<u64>,
+    /// Its objective, when the config lists it (`flow_control.objectives[].name`; an unknown
+    /// value is dropped, so this is never client text the config does not name).
+    pub objective: Option<String>,
 }
 
 impl Default for Labels {
@@ -29,6 +32,7 @@ impl Default for Labels {
             priority: 0,
             flow: DEFAULT_FLOW.to_string(),
             ttft_target_ms: None,
+            objective: None,
         }
     }
 }
@@ -52,6 +56,7 @@ impl Labels {
             priority: known.map_or(config.default_priority, |o| o.priority),
             flow: flow.chars().take(MAX_FLOW_CHARS).collect(),
             ttft_target_ms: known.and_then(|o| o.ttft_target_ms),
+            objective: known.map(|o| o.name.clone()),
         }
     }
 }

@@ -101,8 +101,8 @@ impl Drop for DecisionWatch {
     }
 }
 
-/// The `model_name` label of decisions on a model no pool serves.
-const UNKNOWN_MODEL_LABEL: &str = "unknown";
+/// The `model_name` of requests for a model no endpoint serves.
+pub(crate) const UNKNOWN_MODEL_LABEL: &str = "(unknown)";
 
 /// Tells the GIE metrics and the feed's watchers about one decision on `model` started at
 /// `started`.
@@ -121,9 +121,15 @@ pub(super) fn observe(
         Err(RouteError::UnknownModel { .. }) => GieOutcome::Rejected {
             error_code: "BadRequest",
         },
-        Err(RouteError::NoEndpoint { .. }) => GieOutcome::Rejected {
-            error_code: "ServiceUnavailable",
+        // The tenant is authenticated but not allowed there: the request, not the fleet.
+        Err(RouteError::TenantNotAllowed { .. }) => GieOutcome::Rejected {
+            error_code: "BadRequest",
         },
+        Err(RouteError::NoEndpoint { .. } | RouteError::NoLabeledEndpoint { .. }) => {
+            GieOutcome::Rejected {
+                error_code: "ServiceUnavailable",
+            }
+        }
     };
     // A model name nobody serves is whatever the client wrote (a pasted prompt, a random string
     // per request): it never becomes a label (no prompt text in metrics, no unbounded series)

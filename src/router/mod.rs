@@ -10,6 +10,8 @@
 //!   salts), as one immutable snapshot.
 //! - `plan`: [`Plan`], the decision as a function of (snapshot, tables, request, context), with
 //!   no side effects: `explain` runs exactly this.
+//! - `confine`: the endpoints a request may use at all (its tenant's pools, its objective's
+//!   required labels), before health and load.
 //! - `ticket`: committing a plan ([`Decision`]) and the [`Ticket`] a routed request carries until
 //!   its response ends: the in-flight guard, the trial slot, the TTFT to learn from, the pick
 //!   and its fallbacks. Response facts go in; health, load and learned speed are updated here.
@@ -31,6 +33,7 @@
 //! ```
 
 mod arrivals;
+mod confine;
 mod explain;
 mod feed;
 mod handles;
@@ -74,6 +77,9 @@ pub struct RouteContext<'a> {
     /// The request id (`x-request-id`), under which the decision log keeps the explanation;
     /// empty for none.
     pub request_id: &'a str,
+    /// The request's objective (the objective header's value), whose `required_labels` narrow
+    /// the candidates; an objective the config does not list requires nothing.
+    pub objective: Option<&'a str>,
 }
 
 /// Routes requests over the current endpoint set: the tables and the snapshot in force.
@@ -103,6 +109,24 @@ pub enum RouteError {
         model: String,
         /// Why, e.g. "the gateway's subset hint excludes every endpoint serving it".
         reason: &'static str,
+    },
+    /// Endpoints serve the model, but none in a pool the request's tenant may use
+    /// (`pools[].tenants`) (403).
+    #[error("This tenant may not use any endpoint serving model `{model}`.")]
+    TenantNotAllowed {
+        /// The requested name (one that endpoints serve).
+        model: String,
+    },
+    /// Endpoints serve the model, but none carries the labels the request's objective requires
+    /// (`flow_control.objectives[].required_labels`) (503).
+    #[error(
+        "No endpoint serving model `{model}` has the labels objective `{objective}` requires."
+    )]
+    NoLabeledEndpoint {
+        /// The requested name (one that endpoints serve).
+        model: String,
+        /// The objective's configured name.
+        objective: String,
     },
 }
 

@@ -141,6 +141,7 @@ pub(crate) fn plan(
         .map(|&i| &set.all()[i])
         .filter(|ep| ctx.subset.is_none_or(|s| s.contains(&ep.address)))
         .collect();
+    let in_subset = super::confine::confine(state, in_subset, requested, ctx)?;
     let now = tokio::time::Instant::now();
     let health = &config.health;
     let mut eligible: Vec<&Arc<Endpoint>> = Vec::with_capacity(in_subset.len());

@@ -7,6 +7,7 @@
 //! learning settings its response is judged by. A reload in the middle of a request therefore
 //! cannot split one decision across two configs; it applies from the next request on.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,6 +42,8 @@ pub struct RouterState {
     tokenizing: bool,
     /// Some pool subscribes to KV events: candidates' cache sources are worth asking about.
     kv_events: bool,
+    /// Pools confined to tenants (`pools[].tenants`): pool name -> the tenants it admits.
+    confined: HashMap<String, HashSet<String>>,
 }
 
 impl RouterState {
@@ -71,6 +74,12 @@ impl RouterState {
                     .pools
                     .iter()
                     .any(|p| p.kv_events.is_some() && (p.dns.is_some() || p.kubernetes.is_some())),
+            confined: config
+                .pools
+                .iter()
+                .filter(|p| !p.tenants.is_empty())
+                .map(|p| (p.name.clone(), p.tenants.iter().cloned().collect()))
+                .collect(),
             config: Arc::new(config),
             policy,
             tokenizers,
@@ -81,6 +90,14 @@ impl RouterState {
     /// body) that it belongs on the blocking pool rather than an async worker.
     pub fn decides_slowly(&self, body_len: usize) -> bool {
         body_len > SLOW_BODY_BYTES || self.tokenizing
+    }
+
+    /// Whether a request of `tenant` (none: no trusted tenant) may go to endpoints of `pool`:
+    /// yes unless the pool lists its tenants and this is not one of them.
+    pub fn pool_admits(&self, pool: &str, tenant: Option<&str>) -> bool {
+        self.confined
+            .get(pool)
+            .is_none_or(|tenants| tenant.is_some_and(|t| tenants.contains(t)))
     }
 
     /// Whether any pool subscribes to KV events (else every endpoint's cache source is

@@ -48,6 +48,7 @@ const NONE: RouteContext<'static> = RouteContext {
     subset: None,
     tenant: None,
     request_id: "",
+    objective: None,
 };
 
 /// Decides `req` under the snapshot in force, as a request arriving now would.
@@ -145,7 +146,7 @@ fn unknown_model_names_never_become_metric_labels() {
         "a client's model name is a label"
     );
     assert!(
-        text.contains(r#"inference_objective_request_total{model_name="unknown",target_model_name="unknown"} 3"#),
+        text.contains(r#"inference_objective_request_total{model_name="(unknown)",target_model_name="(unknown)"} 3"#),
         "the three unknown names share one series"
     );
     assert!(text

@@ -7,7 +7,7 @@
 //! | GIE metric | labels | here |
 //! | --- | --- | --- |
 //! | `inference_objective_request_total` | `model_name`, `target_model_name` | requests the router decided on (routed or rejected by routing) |
-//! | `inference_objective_request_error_total` | + `error_code` | routing rejections: `BadRequest` (unknown model), `ServiceUnavailable` (no endpoint) |
+//! | `inference_objective_request_error_total` | + `error_code` | routing rejections: `BadRequest` (unknown model, tenant not allowed on any pool), `ServiceUnavailable` (no endpoint, none with the objective's labels) |
 //! | `inference_objective_input_tokens` | `model_name`, `target_model_name` | prompt tokens of routed requests (the tokenizer's count, else the estimate) |
 //! | `inference_extension_scheduler_e2e_duration_seconds` | | time to decide (parsed request to committed pick) |
 //! | `inference_extension_scheduler_attempts_total` | `status` | `success` or `failure` per decision |

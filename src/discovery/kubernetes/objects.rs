@@ -21,6 +21,8 @@ pub struct Meta {
     pub name: String,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
+    /// `metadata.labels`: become the endpoint's labels (over its pool's).
+    pub labels: BTreeMap<String, String>,
     /// Set once the pod is terminating.
     pub deletion_timestamp: Option<String>,
 }
@@ -205,21 +207,25 @@ pub fn endpoints(
     ports: &[u16],
     pool: &PoolConfig,
 ) -> Vec<ResolvedEndpoint> {
-    let mut by_address: BTreeMap<SocketAddr, bool> = BTreeMap::new();
+    // Per address: draining, and the labels of the first pod (by name) claiming it.
+    let mut by_address: BTreeMap<SocketAddr, (bool, &BTreeMap<String, String>)> = BTreeMap::new();
     for pod in pods.values() {
         let Some((ip, role)) = pod.role() else {
             continue;
         };
         for port in pod.active_ports(ports) {
-            let draining = by_address.entry(SocketAddr::new(ip, port)).or_insert(true);
+            let (draining, _) = by_address
+                .entry(SocketAddr::new(ip, port))
+                .or_insert((true, &pod.metadata.labels));
             *draining &= role == PodRole::Draining;
         }
     }
     by_address
         .into_iter()
-        .map(|(address, draining)| {
+        .map(|(address, (draining, labels))| {
             let mut ep = ResolvedEndpoint::of_pool(address, pool);
             ep.drain = draining;
+            ep.labels = crate::config::merged_labels(&pool.labels, labels);
             ep
         })
         .collect()
@@ -292,6 +298,43 @@ mod tests {
             assert_eq!((addr.as_str(), *drain), (want_addr, want_drain));
         }
         assert!(eps.iter().all(|e| e.models == ["m"] && e.pool == "p"));
+    }
+
+    #[test]
+    fn pod_labels_become_endpoint_labels_over_the_pools() {
+        let pool = PoolConfig {
+            name: "p".into(),
+            models: vec!["m".into()],
+            labels: [("hardware", "h100"), ("revision", "a")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PoolConfig::default()
+        };
+        // As the API server sends a pod: labels under metadata.
+        let labelled: Pod = serde_json::from_str(
+            r#"{"metadata":{"name":"a","labels":{"revision":"b","app":"vllm"}},
+                "status":{"phase":"Running","podIP":"10.0.0.1",
+                          "conditions":[{"type":"Ready","status":"True"}]}}"#,
+        )
+        .unwrap();
+        let pods: BTreeMap<String, Pod> = [labelled, pod("b", Some("10.0.0.2"), true)]
+            .into_iter()
+            .map(|p| (p.metadata.name.clone(), p))
+            .collect();
+        let eps = endpoints(&pods, &[8000], &pool);
+        let labels = |i: usize| -> Vec<(&str, &str)> {
+            eps[i]
+                .labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        };
+        assert_eq!(
+            labels(0),
+            [("app", "vllm"), ("hardware", "h100"), ("revision", "b")]
+        );
+        assert_eq!(labels(1), [("hardware", "h100"), ("revision", "a")]);
     }
 
     #[test]

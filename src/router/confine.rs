@@ -1,0 +1,68 @@
+//! Which endpoints serving a model a request may use at all, before health and load: tenants
+//! confined to pools (`pools[].tenants`) and endpoint labels an objective requires
+//! (`flow_control.objectives[].required_labels`).
+//!
+//! Both narrow the list a plan starts from, so the healthy candidates and the unhealthy
+//! endpoints that fill a plan's fallback tail come from the narrowed list alike: a confined
+//! request is never sent outside it, not even as a last resort.
+
+use std::sync::Arc;
+
+use super::state::RouterState;
+use super::{RouteContext, RouteError};
+use crate::config::UnmatchedLabels;
+use crate::discovery::Endpoint;
+
+/// The endpoints of `serving` that `ctx`'s request may use at all, before health: those of pools
+/// its tenant may use (`pools[].tenants`), then those carrying every label its objective
+/// requires. Unhealthy endpoints that fill a plan's fallback tail come from this list too, so a
+/// confined request never leaves it.
+pub(super) fn confine<'e>(
+    state: &RouterState,
+    serving: Vec<&'e Arc<Endpoint>>,
+    model: &str,
+    ctx: RouteContext<'_>,
+) -> Result<Vec<&'e Arc<Endpoint>>, RouteError> {
+    let before = serving.len();
+    let admitted: Vec<&Arc<Endpoint>> = serving
+        .into_iter()
+        .filter(|ep| state.pool_admits(&ep.pool, ctx.tenant))
+        .collect();
+    if admitted.is_empty() && before > 0 {
+        return Err(RouteError::TenantNotAllowed {
+            model: model.to_string(),
+        });
+    }
+    let Some(objective) = state
+        .config
+        .flow_control
+        .objective(ctx.objective)
+        .filter(|o| !o.required_labels.is_empty())
+    else {
+        return Ok(admitted);
+    };
+    let labeled: Vec<&Arc<Endpoint>> = admitted
+        .iter()
+        .copied()
+        .filter(|ep| {
+            objective
+                .required_labels
+                .iter()
+                .all(|(k, v)| ep.labels.get(k) == Some(v))
+        })
+        .collect();
+    if !labeled.is_empty() || admitted.is_empty() {
+        return Ok(labeled);
+    }
+    match objective.unmatched {
+        UnmatchedLabels::Any => Ok(admitted),
+        UnmatchedLabels::Reject => Err(RouteError::NoLabeledEndpoint {
+            model: model.to_string(),
+            objective: objective.name.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+#[path = "confine_tests.rs"]
+mod tests;
