@@ -891,7 +891,9 @@ pools:
 async fn a_peer_decision_is_a_prediction_for_what_is_left_of_its_ttl() {
     use crate::sharing::PeerOutcome;
     use std::time::Duration;
-    let r = router(&format!("{CONFIG}\ncache_index: {{prediction_ttl_ms: 10000}}"));
+    let r = router(&format!(
+        "{CONFIG}\ncache_index: {{prediction_ttl_ms: 10000}}"
+    ));
     let peers = r.handles().peers;
     let id = endpoints(&r).get(&addr(8001)).unwrap().id;
     let blocks = |hashes: &[u64]| r.tables.index.lookup(hashes, &[id])[0].blocks;
