@@ -9,7 +9,7 @@ PYTHON ?= python3
 
 TOKENIZERS := .cache/tokenizers
 
-.PHONY: run test build release envoy tokenizers fmt clean
+.PHONY: run test build release envoy tokenizers redis fmt clean
 
 ## The local stack: Envoy on 127.0.0.1:8080, kvrouter (gRPC 9002, admin 9090), four simulated
 ## replicas on 8001-8004 serving demo-model. Foreground; Ctrl-C stops everything.
@@ -18,7 +18,7 @@ run: release envoy tokenizers
 
 ## Every test, after formatting and lint checks; also renders and validates deploy/ and builds and
 ## runs the container images (deploy-check, image-check below).
-test: envoy tokenizers deploy-check image-check
+test: envoy tokenizers redis deploy-check image-check
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) KVROUTER_TOKENIZERS_DIR=$(abspath $(TOKENIZERS)) \
@@ -44,6 +44,12 @@ $(ENVOY):
 tokenizers:
 	./scripts/fetch-tokenizers.sh $(TOKENIZERS)
 
+## redis-server from Debian, when missing: the decision-sharing tests (tests/e2e_sharing.rs) and
+## kvbench's `sharing: true` runs start their own on a loopback port.
+redis:
+	@command -v redis-server >/dev/null || { echo "installing redis-server (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
 fmt:
 	cargo fmt --all
 
@@ -59,13 +65,19 @@ clean:
 test-vllm: envoy
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) ./scripts/test-vllm.sh
 
-.PHONY: bench bench-full bench-validate bench-replay bench-flow
+.PHONY: bench bench-full bench-validate bench-replay bench-flow bench-routers
 
 ## The quick policy benchmark (kvbench, see docs/bench.md): 5 report seeds per cell, verdicts with
 ## confidence intervals; report in bench-out/quick/report.md. BENCH_ARGS passes more flags, e.g.
 ## BENCH_ARGS='--policy least-loaded --workload unique' or '--seed-set tuning' while tuning.
 bench: release envoy tokenizers
 	target/release/kvbench run --plan quick --out bench-out/quick \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+## 1, 2 and 4 kvrouter instances behind one Envoy, decision sharing over Redis on and off, on the
+## same multi-turn traffic (docs/several-routers.md): bench-out/routers/report.md.
+bench-routers: release envoy tokenizers redis
+	target/release/kvbench run --plan routers --out bench-out/routers \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
 ## Every workload and scenario on the small-cache fleet, 5 seeds: bench-out/full/report.md.

@@ -26,6 +26,8 @@
 //! - [`telemetry`]: logging and Prometheus metrics.
 //! - [`monitor`]: the scrape and probe loops of every endpoint, fed narrow views (endpoint set,
 //!   config) and writing through narrow sinks; knows nothing of the router.
+//! - [`sharing`]: decision sharing between router instances over Redis pub/sub: a bounded
+//!   outbox the decision path offers to, publisher and subscriber tasks off the request path.
 //! - [`router`]: the decision pipeline: the tables built together, one config snapshot per
 //!   request, a pure `plan`, and the ticket a routed request carries until its response ends;
 //!   narrow handles for everything around it. Shared by the gRPC server, the admin API and the
@@ -63,4 +65,5 @@ pub mod prefix;
 pub mod request;
 pub mod router;
 pub mod serve;
+pub mod sharing;
 pub mod telemetry;

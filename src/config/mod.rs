@@ -14,6 +14,7 @@ mod health;
 mod kv_events;
 mod load;
 mod policy;
+mod sharing;
 mod traces;
 mod validate;
 pub mod watch;
@@ -40,6 +41,7 @@ pub use policy::{
     SaturationConfig, ScorerName, SglangConfig, TieBreakName, VllmKvAwareConfig,
     VllmPrefixAwareConfig, WeightedScorer, WeightedScorersConfig,
 };
+pub use sharing::SharingConfig;
 pub use traces::TracingConfig;
 pub use validate::ConfigError;
 
@@ -79,6 +81,9 @@ pub struct Config {
     pub tracing: TracingConfig,
     /// Access to the admin APIs (default: no authentication). Read at start-up.
     pub admin: AdminConfig,
+    /// Decision sharing with the other kvrouter instances of the fleet over Redis pub/sub
+    /// (off by default). Read at start-up.
+    pub sharing: SharingConfig,
 }
 
 /// Debugging aids (off by default).

@@ -184,6 +184,7 @@ impl Config {
         errors.0.extend(self.validate_kv_events());
         self.tracing.validate(&mut errors);
         self.admin.validate(&mut errors);
+        self.sharing.validate(&mut errors);
         errors.0
     }
 

@@ -372,9 +372,33 @@ impl KvEvents {
         confirmed_blocks: u32,
         reported_block_size: Option<u32>,
     ) -> Result<(), IndexError> {
+        self.record_routed_aged(
+            ep,
+            hashes,
+            confirmed_blocks,
+            reported_block_size,
+            Duration::ZERO,
+        )
+    }
+
+    /// [`Self::record_routed`] for a decision made `age` ago (a peer instance's, learned over
+    /// `sharing`): its predictions expire when they would have had it been ours. Nothing is
+    /// recorded once `age` reaches the TTL.
+    pub fn record_routed_aged(
+        &self,
+        ep: EndpointId,
+        hashes: &[u64],
+        confirmed_blocks: u32,
+        reported_block_size: Option<u32>,
+        age: Duration,
+    ) -> Result<(), IndexError> {
         let index = &self.inner.shared.index;
         let Some(e) = self.endpoint(ep) else {
-            return index.insert_predicted(ep, hashes);
+            let ttl = index.options().prediction_ttl;
+            return match ttl.checked_sub(age) {
+                Some(left) if !left.is_zero() => index.insert_predicted_for(ep, hashes, left),
+                _ => Ok(()),
+            };
         };
         let ours = u64::from(e.rehash.block_size_tokens.max(1));
         let engine = match e.published.engine_block_size.load(Ordering::Relaxed) {
@@ -386,7 +410,14 @@ impl KvEvents {
             e => ((blocks as u64 * ours / e * e) / ours) as usize,
         };
         let keep = whole(hashes.len()).min(hashes.len());
-        index.insert_predicted_for(ep, &hashes[..keep], self.prediction_ttl(ep))?;
+        let Some(ttl) = self
+            .prediction_ttl(ep)
+            .checked_sub(age)
+            .filter(|t| !t.is_zero())
+        else {
+            return Ok(());
+        };
+        index.insert_predicted_for(ep, &hashes[..keep], ttl)?;
         if engine > 0 && keep > whole(confirmed_blocks as usize) {
             let now = self.inner.shared.clock.now_ms().max(1);
             let _ = e.published.expect_since_ms.compare_exchange(

@@ -7,6 +7,7 @@
 //! | EDS writer | [`EndpointSource`], config `watch` | read |
 //! | admin API | [`AdminView`] | read the tables; explain a request without committing it; watch decisions |
 //! | gRPC event ingestion | [`PushSink`] | apply pushed KV-event batches to endpoints configured for pushes |
+//! | decision sharing | [`PeerSink`] | record a peer instance's decision as a prediction |
 //!
 //! None of them can route a request or reach the tables' internals.
 
@@ -28,6 +29,7 @@ use crate::flow::{FlowController, ModelStatus};
 use crate::health::Change;
 use crate::monitor::{CapacitySink, EndpointSource, HealthSink};
 use crate::request::ParsedRequest;
+use crate::sharing::{PeerOutcome, PeerSink};
 
 /// One handle per consumer, handed out once by `serve`.
 pub struct Handles {
@@ -45,6 +47,8 @@ pub struct Handles {
     pub admin: AdminView,
     /// Where engines that push their KV events over gRPC deliver them.
     pub kv_push: PushSink,
+    /// Where peer instances' decisions are recorded (`sharing`).
+    pub peers: Arc<dyn PeerSink>,
 }
 
 impl Handles {
@@ -62,13 +66,14 @@ impl Handles {
             config: state.watch_config(),
             health: Arc::clone(&sinks) as Arc<dyn HealthSink>,
             capacity: Arc::clone(&sinks) as Arc<dyn CapacitySink>,
-            discovery: sinks,
+            discovery: Arc::clone(&sinks) as Arc<dyn EndpointSink>,
             admin: AdminView {
                 tables: Arc::clone(tables),
                 state: Arc::clone(state),
                 flow: Arc::clone(flow),
             },
             kv_push: tables.events.push_sink(),
+            peers: Arc::clone(&sinks) as Arc<dyn PeerSink>,
         }
     }
 }
@@ -95,6 +100,13 @@ impl CapacitySink for Sinks {
         if ep.cache_capacity_tokens.is_none() {
             self.tables.apply_capacity(ep, &self.state.load());
         }
+    }
+}
+
+impl PeerSink for Sinks {
+    fn apply(&self, endpoint: std::net::SocketAddr, hashes: &[u64], age: Duration) -> PeerOutcome {
+        self.tables
+            .apply_peer_decision(&self.state.load(), endpoint, hashes, age)
     }
 }
 

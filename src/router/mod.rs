@@ -251,6 +251,12 @@ impl Router {
             .await
     }
 
+    /// Offers every decision committed from now on to `outbox` (decision sharing with peer
+    /// instances). Set once; a second call is ignored.
+    pub fn share_decisions(&self, outbox: crate::sharing::Outbox) {
+        let _ = self.tables.sharing.set(outbox);
+    }
+
     /// The narrow handles for the parts around the router (monitor, discovery, EDS writer,
     /// admin API), each reading or writing only what it needs.
     pub fn handles(&self) -> Handles {

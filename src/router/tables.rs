@@ -39,6 +39,9 @@ pub(crate) struct Tables {
     pub(crate) arrivals: ArrivalRates,
     /// The metrics handles.
     pub(crate) metrics: Arc<Metrics>,
+    /// Where committed decisions are offered to the peer instances (`sharing`); set once at
+    /// start-up when sharing is on.
+    pub(crate) sharing: std::sync::OnceLock<crate::sharing::Outbox>,
 }
 
 impl Tables {
@@ -64,6 +67,7 @@ impl Tables {
             feed: DecisionFeed::default(),
             arrivals: ArrivalRates::default(),
             metrics,
+            sharing: std::sync::OnceLock::new(),
         }
     }
 
@@ -113,6 +117,45 @@ impl Tables {
         let _ = self
             .index
             .set_capacity(ep.id, usize::try_from(tokens / block).unwrap_or(usize::MAX));
+    }
+
+    /// Records a peer instance's decision: `endpoint` was sent a prompt with `hashes` `age`
+    /// ago. The same prediction our own decision would have recorded (the same TTL, less the
+    /// message's age; on endpoints with KV events, cut to whole engine blocks with the trusted
+    /// TTL), except that it does not start the KV-event silence clock: silence is judged on
+    /// the work this instance sent.
+    pub(crate) fn apply_peer_decision(
+        &self,
+        state: &RouterState,
+        endpoint: std::net::SocketAddr,
+        hashes: &[u64],
+        age: std::time::Duration,
+    ) -> crate::sharing::PeerOutcome {
+        use crate::sharing::PeerOutcome;
+        let set = self.registry.snapshot();
+        let Some(ep) = set.get(&endpoint) else {
+            return PeerOutcome::UnknownEndpoint;
+        };
+        if hashes.is_empty() {
+            return PeerOutcome::Applied;
+        }
+        let ttl = if state.kv_events() {
+            self.events.prediction_ttl(ep.id)
+        } else {
+            self.index.options().prediction_ttl
+        };
+        if age >= ttl {
+            return PeerOutcome::Stale;
+        }
+        let _ = if state.kv_events() {
+            let reported = ep.load.engine.last().and_then(|s| s.block_size_tokens);
+            let all = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+            self.events
+                .record_routed_aged(ep.id, hashes, all, reported, age)
+        } else {
+            self.index.insert_predicted_for(ep.id, hashes, ttl - age)
+        };
+        PeerOutcome::Applied
     }
 
     /// Counts and logs a change of `ep`'s health.

@@ -916,3 +916,46 @@ pools:
         assert_eq!(capacity(&r, ep3.id), Some((max_tokens / 16) as usize));
     }
 }
+
+/// A peer instance's decision (`sharing`) is recorded as our own would be: a prediction on the
+/// named endpoint that lasts the prediction TTL less the message's age; a message as old as the
+/// TTL, or naming an endpoint this instance does not have, records nothing.
+#[tokio::test(start_paused = true)]
+async fn a_peer_decision_is_a_prediction_for_what_is_left_of_its_ttl() {
+    use crate::sharing::PeerOutcome;
+    use std::time::Duration;
+    let r = router(&format!(
+        "{CONFIG}\ncache_index: {{prediction_ttl_ms: 10000}}"
+    ));
+    let peers = r.handles().peers;
+    let id = endpoints(&r).get(&addr(8001)).unwrap().id;
+    let blocks = |hashes: &[u64]| r.tables.index.lookup(hashes, &[id])[0].blocks;
+
+    let fresh = [11u64, 12, 13];
+    assert_eq!(
+        peers.apply(addr(8001), &fresh, Duration::ZERO),
+        PeerOutcome::Applied
+    );
+    let aged = [21u64, 22];
+    assert_eq!(
+        peers.apply(addr(8001), &aged, Duration::from_secs(6)),
+        PeerOutcome::Applied
+    );
+    assert_eq!((blocks(&fresh), blocks(&aged)), (3, 2));
+    // 4 s later the aged one (6 s old when it came) has expired; the fresh one holds until 10 s.
+    tokio::time::advance(Duration::from_millis(4_100)).await;
+    assert_eq!((blocks(&fresh), blocks(&aged)), (3, 0));
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(blocks(&fresh), 0);
+
+    let old = [31u64];
+    assert_eq!(
+        peers.apply(addr(8001), &old, Duration::from_secs(10)),
+        PeerOutcome::Stale
+    );
+    assert_eq!(blocks(&old), 0);
+    assert_eq!(
+        peers.apply(addr(9999), &old, Duration::ZERO),
+        PeerOutcome::UnknownEndpoint
+    );
+}

@@ -216,6 +216,9 @@ pub(super) fn commit(
         } else {
             tables.index.insert_predicted(primary.id, hashes)
         };
+        if let Some(outbox) = tables.sharing.get() {
+            outbox.offer(primary.address, &plan.model, hashes);
+        }
     }
     let mut destination = String::with_capacity(plan.endpoints.len() * 22);
     for ep in &plan.endpoints {

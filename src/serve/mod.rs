@@ -163,6 +163,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("cannot start the KV-event subscriptions (kv_events)")?;
     let handles = router.handles();
+    // Decision sharing with peer instances (off unless `sharing.redis`): its tasks never sit on
+    // the request path; an unreachable Redis is retried in the background, not fatal.
+    if let Some(outbox) = crate::sharing::start(
+        &handles.config.borrow().sharing,
+        Arc::clone(&handles.peers),
+        metrics.sharing.clone(),
+    )? {
+        router.share_decisions(outbox);
+    }
     let ready = Arc::new(AtomicBool::new(false));
 
     if handles.config.borrow().envoy.eds_path.is_some() {
@@ -225,6 +234,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let resolver = Arc::clone(&resolver);
         let mut server_section = server_section.clone();
         server_section.grpc_listen = grpc_addr;
+        let sharing_section = handles.config.borrow().sharing.clone();
         config::watch::spawn_poller_with(
             args.config.clone(),
             Duration::from_millis(server_section.reload_interval_ms),
@@ -236,6 +246,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
                     }
                     new.server = server_section.clone();
+                    if new.sharing != sharing_section {
+                        tracing::warn!("config reload: the `sharing` section cannot change at runtime; restart to apply it");
+                    }
                     let sources = sources(&new, &resolver);
                     match router.apply(new) {
                         Ok(change) => {

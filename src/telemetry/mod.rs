@@ -6,6 +6,7 @@
 mod cache;
 mod gie;
 mod series;
+mod sharing;
 mod signals;
 
 use std::collections::HashSet;
@@ -22,6 +23,7 @@ use prometheus_client::registry::Registry;
 pub use cache::CacheMetrics;
 pub use gie::{GieMetrics, GieOutcome};
 use series::EndpointSeries;
+pub use sharing::{DropReason, SharingMetrics};
 pub use signals::SignalMetrics;
 
 use crate::config::LogFormat;
@@ -96,6 +98,8 @@ pub struct Metrics {
     pub cache: CacheMetrics,
     /// The same facts under the Gateway API Inference Extension's names (own registry).
     pub gie: GieMetrics,
+    /// Decisions shared with peer instances (`sharing`).
+    pub sharing: SharingMetrics,
     /// Counter series naming an endpoint, removed once it leaves the endpoint set.
     endpoint_series: EndpointSeries<Tracked>,
     scrape_lock: Mutex<()>,
@@ -183,9 +187,11 @@ impl Metrics {
         );
         let signals = SignalMetrics::register(&mut registry);
         let cache = CacheMetrics::register(&mut registry);
+        let sharing = SharingMetrics::register(&mut registry);
         Metrics {
             signals,
             cache,
+            sharing,
             gie: GieMetrics::new(),
             registry,
             decisions,

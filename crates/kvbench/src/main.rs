@@ -68,7 +68,7 @@ struct ReplayArgs {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// A built-in plan (quick, full, smoke, validate, replay, flow) or a plan YAML file.
+    /// A built-in plan (quick, full, smoke, validate, replay, flow, routers) or a plan YAML file.
     #[arg(long, default_value = "quick")]
     plan: String,
     /// Output directory.

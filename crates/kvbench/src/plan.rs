@@ -20,6 +20,8 @@ pub const FULL: &str = include_str!("plans/full.yaml");
 pub const SMOKE: &str = include_str!("plans/smoke.yaml");
 /// A small plan that checks the machinery: five seeds on three workloads (about an hour).
 pub const VALIDATE: &str = include_str!("plans/validate.yaml");
+/// 1, 2 and 4 router instances, decision sharing on and off, on multi-turn traffic.
+pub const ROUTERS: &str = include_str!("plans/routers.yaml");
 /// The Mooncake conversation trace replayed (`kvbench replay` starts from it).
 pub const REPLAY: &str = include_str!("plans/replay.yaml");
 /// Flow control on against off under 2x overload (two objectives, two tenants, one flooding).
@@ -34,6 +36,7 @@ pub fn preset(name: &str) -> Option<&'static str> {
         "validate" => Some(VALIDATE),
         "replay" => Some(REPLAY),
         "flow" => Some(FLOW),
+        "routers" => Some(ROUTERS),
         _ => None,
     }
 }
@@ -219,9 +222,20 @@ pub struct PolicySpec {
     pub endpoint_yaml: Option<serde_norway::Value>,
     /// Replicas publish KV events (ZMQ, loopback, an ephemeral port). Default false.
     pub kv_events: bool,
+    /// kvrouter instances behind Envoy for this policy's runs. Default: the plan's `routers`.
+    /// So 1, 2 and 4 instances run side by side on the same traces.
+    pub routers: Option<usize>,
+    /// The instances share their decisions through a Redis started for each run (kvrouter's
+    /// `sharing.redis`; `redis-server` from `$KVROUTER_REDIS` or `PATH`). Default false.
+    pub sharing: bool,
 }
 
 impl PolicySpec {
+    /// kvrouter instances for this policy's runs under `plan`.
+    pub fn routers(&self, plan: &Plan) -> usize {
+        self.routers.unwrap_or(plan.routers)
+    }
+
     /// The label, or the policy name when no label is given.
     pub fn label(&self) -> &str {
         if self.label.is_empty() {
@@ -848,6 +862,12 @@ impl Plan {
             if p.policy.trim().is_empty() {
                 errors.push(format!("policies[{i}].policy must be set"));
             }
+            if p.routers.is_some_and(|n| n == 0 || n > 16) {
+                errors.push(format!(
+                    "policies[{i}].routers must be in 1..=16 (got {})",
+                    p.routers.unwrap_or(0)
+                ));
+            }
             if !labels.insert(p.label().to_string()) {
                 errors.push(format!("policies[{i}].label {:?} is not unique", p.label()));
             }
@@ -1082,7 +1102,9 @@ mod tests {
 
     #[test]
     fn presets_parse() {
-        for name in ["quick", "full", "smoke", "validate", "replay", "flow"] {
+        for name in [
+            "quick", "full", "smoke", "validate", "replay", "flow", "routers",
+        ] {
             let plan = Plan::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!plan.workloads.is_empty(), "{name}");
         }

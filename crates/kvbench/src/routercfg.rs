@@ -25,6 +25,7 @@ pub const REAL_TIME_FIELDS: &[&str] = &[
     "timeout_ms",
     "reload_interval_ms",
     "refresh_ms",
+    "reconnect_max_ms",
     "max_request_duration_s",
     "retry_after_s",
 ];

@@ -161,6 +161,19 @@ pub async fn save_router_debug(
     if let Some(text) = endpoints.await {
         let _ = std::fs::write(dir.join(format!("{name}-endpoints.json")), text);
     }
+    // Its metrics at the end of the run (decision sharing's published / received / dropped
+    // counts among them).
+    let metrics = async {
+        reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    };
+    if let Some(text) = metrics.await {
+        let _ = std::fs::write(dir.join(format!("{name}-metrics.txt")), text);
+    }
     let decisions = fetch_decisions(admin).await;
     if !decisions.is_empty() {
         let lines: String = decisions

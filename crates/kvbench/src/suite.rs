@@ -335,6 +335,30 @@ async fn run_stack(
     block_size: u32,
     dir: &Path,
 ) -> Result<RunResult, BenchError> {
+    let n_routers = p.routers(plan).max(1);
+    // Several routers: each keeps its decisions so the bench can tell how often a peer's
+    // would have changed one.
+    let record_decisions = (n_routers > 1).then(|| trace.requests.len() + 64);
+    // Decision sharing: a fresh Redis per run (empty, like the fleet's caches), named in the
+    // policy's router config; it lives as long as the run's stack.
+    let redis = if p.sharing {
+        Some(testkit::Redis::start(dir)?)
+    } else {
+        None
+    };
+    let mut p_shared = p.clone();
+    if let Some(redis) = &redis {
+        let mut yaml = p_shared
+            .router_yaml
+            .take()
+            .unwrap_or_else(|| serde_norway::Value::Mapping(Default::default()));
+        let over: serde_norway::Value =
+            serde_norway::from_str(&format!("{{sharing: {{redis: \"{}\"}}}}", redis.url()))
+                .map_err(|e| BenchError::Io(e.to_string()))?;
+        routercfg::merge(&mut yaml, over);
+        p_shared.router_yaml = Some(yaml);
+    }
+    let p = &p_shared;
     let bins = &o.binaries;
     let eds = dir.join("eds.json");
     let tenant_header = trace.tenant_header.clone();
@@ -346,9 +370,6 @@ async fn run_stack(
     let policy = p.clone();
     let scale = plan.time_scale_of(w);
     let router_scale = if plan.scale_router_time { scale } else { 1.0 };
-    // Several routers: each keeps its decisions so the bench can tell how often a peer's
-    // would have changed one.
-    let record_decisions = (plan.routers > 1).then(|| trace.requests.len() + 64);
     // Every router gets the same config (they all write the same EDS file, atomically).
     let render_scaled = move |eps: &[EndpointInfo]| {
         routercfg::render_scaled(
@@ -416,8 +437,8 @@ async fn run_stack(
         replicas,
     };
     let (first_yaml, router_time) = render_scaled(&fleet.endpoints());
-    let mut routers = Vec::with_capacity(plan.routers);
-    for i in 0..plan.routers.max(1) {
+    let mut routers = Vec::with_capacity(n_routers);
+    for i in 0..n_routers {
         let path = config_path(i);
         std::fs::write(&path, &first_yaml).map_err(|e| BenchError::Io(e.to_string()))?;
         let name_dir = if i == 0 {

@@ -29,6 +29,7 @@
 //! - [`proc`]: [`Proc`], a child process with its log, ready lines, kill on drop, CPU seconds.
 //! - [`poll`]: [`poll_until`] / [`eventually`] with deadlines.
 //! - [`replica`]: kvsim replicas, restartable on the same ports.
+//! - [`redis`]: a real `redis-server` for decision sharing, restartable on its port.
 //! - [`router`]: kvrouter, its config, `check-config`, readiness.
 //! - [`envoy`]: Envoy, its ports and its view of the replica cluster.
 //! - [`http`]: request bodies and responses as tests read them.
@@ -44,6 +45,7 @@ pub mod metrics;
 pub mod paths;
 pub mod poll;
 pub mod proc;
+pub mod redis;
 pub mod replica;
 pub mod router;
 pub mod stack;
@@ -63,6 +65,7 @@ pub use paths::{
 };
 pub use poll::{eventually, poll_until, wait_http};
 pub use proc::{cpu_seconds_of, own_cpu_s, Proc};
+pub use redis::Redis;
 pub use replica::{start_replica, Replica, ReplicaSpec, KV_EVENTS_BIND};
 pub use router::{check_config, router_config, start_router, ConfigEndpoint, Router};
 pub use stack::{candidate_row, Stack, StackOptions};
