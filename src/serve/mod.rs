@@ -86,6 +86,9 @@ fn tls_config(
     ))
 }
 
+/// How long NOT_SERVING is announced before the listeners close at shutdown.
+const SHUTDOWN_ANNOUNCE: Duration = Duration::from_millis(300);
+
 /// Runs until SIGINT or SIGTERM, then drains: in-flight streams get a grace period to finish.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.config)
@@ -330,6 +333,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     became_ready.abort();
     ready.store(false, Ordering::Release);
     health.set(false).await;
+    // Health watchers (a gateway's or a probe's gRPC Watch stream) get NOT_SERVING from their
+    // connection's own task; closing the listeners at once raced it on a busy machine (the
+    // watcher saw the connection reset instead). A short pause lets it go out first.
+    tokio::time::sleep(SHUTDOWN_ANNOUNCE).await;
     events_follow.abort();
     if let Some(task) = reload {
         task.abort();
