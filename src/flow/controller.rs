@@ -235,7 +235,14 @@ impl FlowController {
             while state.queue.len() >= config.max_queue_requests
                 || state.queue.bytes() + bytes > config.max_queue_bytes
             {
-                match state.queue.evict_below(labels.priority) {
+                // A lower band's newest first; else, within the newcomer's band, the request of
+                // a flow over its share that the fair order would serve last.
+                let victim = state.queue.evict_below(labels.priority).or_else(|| {
+                    state
+                        .queue
+                        .evict_over_share(labels.priority, &labels.flow, tokens)
+                });
+                match victim {
                     Some(victim) => displaced.push(victim),
                     None => break,
                 }
