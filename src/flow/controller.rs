@@ -384,13 +384,14 @@ impl FlowController {
         }
     }
 
-    /// Dispatches every model's queue while there is room; forgets idle models.
+    /// Dispatches every model's queue while there is room; forgets idle models (nothing queued,
+    /// reserved or remembered).
     pub fn pump_all(&self) {
         let config = self.config.load_full();
         let mut models = self.models.lock();
         models.retain(|model, state| {
             self.pump(model, state, &config);
-            !state.queue.is_empty() || !state.reserved.is_empty()
+            !state.queue.is_idle() || !state.reserved.is_empty()
         });
     }
 

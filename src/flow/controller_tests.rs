@@ -329,18 +329,18 @@ async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold()
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_light_flow_is_not_expired_while_a_flood_of_its_band_is_served() {
-    // One band, room for one request (100 tokens) a round, 250 ms into each 600 ms round; the
-    // rest expire at 500 ms. "flood" asks 3 requests every round, "light" 1 every other round:
-    // under its fair half, so it must get every one it asks, and the flood the rest.
+type Tally = HashMap<&'static str, usize>;
+
+/// 10 rounds of 600 ms in one band, room for one request (100 tokens) 250 ms into each; the
+/// rest expire at 500 ms. "flood" asks 3 requests every round, "light" 1 in the rounds
+/// `light_in` says. Returns the requests admitted and expired per flow.
+async fn starved_rounds(light_in: fn(u64) -> bool) -> (Tally, Tally) {
     let (c, free) = controller("{max_wait_ms: 500}");
-    let mut admitted: HashMap<&str, usize> = HashMap::new();
-    let mut expired: HashMap<&str, usize> = HashMap::new();
+    let (mut admitted, mut expired) = (Tally::new(), Tally::new());
     for round in 0..10 {
         let mut tasks = Vec::new();
         for flow in ["flood", "flood", "flood", "light"] {
-            if flow == "light" && round % 2 == 0 {
+            if flow == "light" && !light_in(round) {
                 continue;
             }
             tasks.push((flow, spawn_admit(&c, labels(0, flow), 400)));
@@ -363,10 +363,24 @@ async fn a_light_flow_is_not_expired_while_a_flood_of_its_band_is_served() {
             }
         }
     }
+    (admitted, expired)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_light_flow_is_not_expired_while_a_flood_of_its_band_is_served() {
+    // The light flow asks every other round, under its fair half of the slots: it gets every
+    // request it asks, none expires, and the flood gets the rest.
+    let (admitted, expired) = starved_rounds(|round| round % 2 == 1).await;
     assert_eq!(admitted.get("light"), Some(&5), "light got all it asked");
     assert_eq!(expired.get("light"), None, "no light request expired");
     assert_eq!(admitted.get("flood"), Some(&5), "the flood got the rest");
     assert_eq!(expired.get("flood"), Some(&25));
+    // Both ask every round: the slots alternate (max-min fair: half each), whatever wins a tie.
+    let (admitted, _) = starved_rounds(|_| true).await;
+    assert_eq!(
+        (admitted.get("flood"), admitted.get("light")),
+        (Some(&5), Some(&5))
+    );
 }
 
 #[tokio::test(start_paused = true)]

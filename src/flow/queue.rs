@@ -159,6 +159,11 @@ impl<T> ModelQueue<T> {
         self.len == 0
     }
 
+    /// Nothing queued and no flow's counter remembered: the queue can be forgotten.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.bands.is_empty()
+    }
+
     /// Adds `entry` to its flow, in its place by (order key, id).
     pub(crate) fn push(&mut self, entry: Entry<T>) {
         self.len += 1;
