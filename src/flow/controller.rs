@@ -235,7 +235,14 @@ impl FlowController {
             while state.queue.len() >= config.max_queue_requests
                 || state.queue.bytes() + bytes > config.max_queue_bytes
             {
-                match state.queue.evict_below(labels.priority) {
+                // A lower band's newest first; else, within the newcomer's band, the request of
+                // a flow over its share that the fair order would serve last.
+                let victim = state.queue.evict_below(labels.priority).or_else(|| {
+                    state
+                        .queue
+                        .evict_over_share(labels.priority, &labels.flow, tokens)
+                });
+                match victim {
                     Some(victim) => displaced.push(victim),
                     None => break,
                 }
@@ -377,13 +384,14 @@ impl FlowController {
         }
     }
 
-    /// Dispatches every model's queue while there is room; forgets idle models.
+    /// Dispatches every model's queue while there is room; forgets idle models (nothing queued,
+    /// reserved or remembered).
     pub fn pump_all(&self) {
         let config = self.config.load_full();
         let mut models = self.models.lock();
         models.retain(|model, state| {
             self.pump(model, state, &config);
-            !state.queue.is_empty() || !state.reserved.is_empty()
+            !state.queue.is_idle() || !state.reserved.is_empty()
         });
     }
 

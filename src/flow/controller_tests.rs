@@ -1,5 +1,6 @@
 //! The controller against a fake room source whose free tokens the test sets.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,8 +114,9 @@ async fn waiters_are_dispatched_by_priority_then_fairness_as_room_appears() {
         let n = i + 1;
         until(|| queued(&c) == n).await;
     }
-    // vip first (higher band), then flood and quiet alternate from equal counters.
-    assert_eq!(dispatch_order(&free, &c, tasks).await, vec![4, 0, 3, 1, 2]);
+    // vip first (higher band), then from equal counters quiet (fewer queued tokens), then the
+    // flood.
+    assert_eq!(dispatch_order(&free, &c, tasks).await, vec![4, 3, 0, 1, 2]);
 }
 
 type Waiters = Vec<(usize, tokio::task::JoinHandle<Result<Permit, Shed>>)>;
@@ -325,4 +327,81 @@ async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold()
     for _ in 0..3 {
         assert!(none.admit("nope", &labels(-1, "a"), 40).await.is_ok());
     }
+}
+
+type Tally = HashMap<&'static str, usize>;
+
+/// 10 rounds of 600 ms in one band, room for one request (100 tokens) 250 ms into each; the
+/// rest expire at 500 ms. "flood" asks 3 requests every round, "light" 1 in the rounds
+/// `light_in` says. Returns the requests admitted and expired per flow.
+async fn starved_rounds(light_in: fn(u64) -> bool) -> (Tally, Tally) {
+    let (c, free) = controller("{max_wait_ms: 500}");
+    let (mut admitted, mut expired) = (Tally::new(), Tally::new());
+    for round in 0..10 {
+        let mut tasks = Vec::new();
+        for flow in ["flood", "flood", "flood", "light"] {
+            if flow == "light" && !light_in(round) {
+                continue;
+            }
+            tasks.push((flow, spawn_admit(&c, labels(0, flow), 400)));
+            let n = tasks.len();
+            until(|| queued(&c) == n).await;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        free.store(100, Ordering::Relaxed);
+        c.pump_all();
+        until(|| tasks.iter().any(|(_, t)| t.is_finished())).await;
+        free.store(0, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        for (flow, task) in tasks {
+            match task.await.unwrap() {
+                Ok(_permit) => *admitted.entry(flow).or_default() += 1,
+                Err(shed) => {
+                    assert_eq!((shed.reason, shed.status()), (ShedReason::Expired, 503));
+                    *expired.entry(flow).or_default() += 1;
+                }
+            }
+        }
+    }
+    (admitted, expired)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_light_flow_is_not_expired_while_a_flood_of_its_band_is_served() {
+    // The light flow asks every other round, under its fair half of the slots: it gets every
+    // request it asks, none expires, and the flood gets the rest.
+    let (admitted, expired) = starved_rounds(|round| round % 2 == 1).await;
+    assert_eq!(admitted.get("light"), Some(&5), "light got all it asked");
+    assert_eq!(expired.get("light"), None, "no light request expired");
+    assert_eq!(admitted.get("flood"), Some(&5), "the flood got the rest");
+    assert_eq!(expired.get("flood"), Some(&25));
+    // Both ask every round: the slots alternate (max-min fair: half each), whatever wins a tie.
+    let (admitted, _) = starved_rounds(|_| true).await;
+    assert_eq!(
+        (admitted.get("flood"), admitted.get("light")),
+        (Some(&5), Some(&5))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_displaces_the_flood_not_the_light_newcomer() {
+    let (c, _free) = controller("{max_queue_requests: 3, max_wait_ms: 60000}");
+    let mut flood = Vec::new();
+    for n in 1..=3 {
+        flood.push(spawn_admit(&c, labels(-1, "flood"), 400));
+        until(|| queued(&c) == n).await;
+    }
+    // Full, nothing in a lower band: the flood (300 tokens queued) is over its share against
+    // a light newcomer, so the flood's last-served request makes room.
+    let light = spawn_admit(&c, labels(-1, "light"), 400);
+    let shed = flood.pop().unwrap().await.unwrap().unwrap_err();
+    assert_eq!(
+        (shed.reason, shed.status(), shed.retry_after_s),
+        (ShedReason::Displaced, 429, 1)
+    );
+    until(|| queued(&c) == 3).await;
+    // Another flood request finds the light flow under its share: it is refused itself.
+    let refused = c.admit("m", &labels(-1, "flood"), 400).await.unwrap_err();
+    assert_eq!(refused.reason, ShedReason::QueueFull);
+    assert!(!light.is_finished() && flood.iter().all(|t| !t.is_finished()));
 }

@@ -13,10 +13,13 @@
 //!   an empty queue and room, admission is immediate (one short lock, no wait).
 //! - Order: the highest priority band first (priority from the objective header), within a band
 //!   the flow (trusted tenant, else fairness id) with the fewest dispatched prompt tokens
-//!   (virtual token counter, [`queue`]), within a flow first come first served.
+//!   (virtual token counter, [`queue`]; at equal counters the one with fewer queued tokens),
+//!   within a flow first come first served (or earliest deadline first).
 //! - Bounds per model: requests, bytes and wait. A full queue turns away the newest request of
-//!   its lowest band if that band is below the newcomer's, else the newcomer. Turned away or
-//!   expired: 429 if sheddable (priority < 0), 503 otherwise, both with `retry-after`.
+//!   its lowest band if that band is below the newcomer's, else the last-to-be-served request of
+//!   a flow of the newcomer's band that is over its share against the newcomer's flow, else the
+//!   newcomer. Turned away or expired: 429 if sheddable (priority < 0), 503 otherwise, both with
+//!   `retry-after`.
 //! - A waiter whose future is dropped (client gone, Envoy reset the stream) is removed from the
 //!   queue by its guard's `Drop`; a permit handed to a waiter that is gone releases its
 //!   reservation when the channel drops it. Nothing needs remembering by a caller.

@@ -9,11 +9,30 @@
 //! next. A flow that becomes active starts at the smallest count among the active flows (or the
 //! band's last dispatched count when none is), so idling earns no credit and a flooding flow
 //! cannot starve a trickling one: over any busy period their dispatched tokens differ by at most
-//! one request's tokens. Empty flows are dropped at once, which is what that lift amounts to, so
-//! memory is bounded by the queued entries.
+//! one request's tokens. Empty flows are dropped at once; a dropped flow's counter is remembered
+//! only while it is ahead of the band's virtual time (it was served within the last request's
+//! worth of tokens, at most `MAX_AHEAD_FLOWS` of them), so memory is bounded by the queued
+//! entries plus those few.
+//!
+//! Over-share flows lose first (flow bench, tight room: the flooding tenant got 1.15x its fair
+//! share because the light tenant's requests expired while the flood's were dispatched):
+//! - At equal counters the flow with fewer queued tokens goes next. A light flow that rejoins
+//!   is lifted level with the flood; without this it waited behind the flood's older head for a
+//!   second free slot and, under a tight `max_wait_ms`, expired first.
+//! - A flow that empties and comes back keeps a counter that is ahead (the remembered one), so
+//!   when every flow empties between free slots (all their requests expire) the slots still
+//!   alternate instead of going to whichever tie-break wins every time.
+//! - A full queue sheds from the newcomer's own band the request the fair order would serve
+//!   last (the last entry of the flow whose counter plus queued tokens is highest), when that
+//!   flow would end further ahead than the newcomer's: the over-share flow loses, not the light
+//!   newcomer ([`ModelQueue::evict_over_share`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+/// Most empty flows whose counter a band remembers (those ahead of its virtual time); past it, a
+/// returning flow may start up to one request's tokens early.
+const MAX_AHEAD_FLOWS: usize = 1024;
 
 /// One queued request.
 #[derive(Debug)]
@@ -42,6 +61,8 @@ struct FlowQueue<T> {
     entries: BTreeMap<(u64, u64), Entry<T>>,
     /// Tokens dispatched for this flow, in the band's virtual time.
     counter: u64,
+    /// Estimated tokens of `entries` (each at least 1), kept as a running total.
+    queued_tokens: u64,
 }
 
 #[derive(Debug)]
@@ -49,18 +70,44 @@ struct Band<T> {
     flows: HashMap<Arc<str>, FlowQueue<T>>,
     /// The counter of the flow dispatched last: where a flow starts when no other is active.
     vtime: u64,
+    /// Counters of empty flows still ahead of `vtime`: where they start again (no flow restarts
+    /// behind what it was given).
+    ahead: HashMap<Arc<str>, u64>,
 }
 
 impl<T> Band<T> {
-    /// The flow to serve next: smallest counter, then the most urgent (or oldest) head.
+    fn new() -> Self {
+        Band {
+            flows: HashMap::new(),
+            vtime: 0,
+            ahead: HashMap::new(),
+        }
+    }
+
+    /// The flow to serve next: smallest counter, then the fewest queued tokens (the lighter
+    /// demand), then the most urgent (or oldest) head.
     fn next_flow(&self) -> Option<&Arc<str>> {
+        let min = self.flows.values().map(|f| f.counter).min()?;
         self.flows
             .iter()
+            .filter(|(_, f)| f.counter == min)
             .min_by_key(|(_, f)| {
                 let head = f.entries.keys().next().copied();
-                (f.counter, head.unwrap_or((u64::MAX, u64::MAX)))
+                (f.queued_tokens, head.unwrap_or((u64::MAX, u64::MAX)))
             })
             .map(|(name, _)| name)
+    }
+
+    /// The counter a flow that is not active starts at: level with the active flows (or the
+    /// band's virtual time), or where it was if it is still ahead of that.
+    fn start_of(&self, flow: &str) -> u64 {
+        let level = self
+            .flows
+            .values()
+            .map(|f| f.counter)
+            .min()
+            .unwrap_or(self.vtime);
+        level.max(self.ahead.get(flow).copied().unwrap_or(0))
     }
 }
 
@@ -112,44 +159,55 @@ impl<T> ModelQueue<T> {
         self.len == 0
     }
 
+    /// Nothing queued and no flow's counter remembered: the queue can be forgotten.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.bands.is_empty()
+    }
+
     /// Adds `entry` to its flow, in its place by (order key, id).
     pub(crate) fn push(&mut self, entry: Entry<T>) {
         self.len += 1;
         self.bytes += entry.bytes;
-        let band = self.bands.entry(entry.priority).or_insert_with(|| Band {
-            flows: HashMap::new(),
-            vtime: 0,
-        });
-        let start = band
-            .flows
-            .values()
-            .map(|f| f.counter)
-            .min()
-            .unwrap_or(band.vtime);
-        band.flows
-            .entry(Arc::clone(&entry.flow))
-            .or_insert_with(|| FlowQueue {
-                entries: BTreeMap::new(),
-                counter: start,
-            })
-            .entries
-            .insert((entry.order_key, entry.id), entry);
+        let band = self.bands.entry(entry.priority).or_insert_with(Band::new);
+        if !band.flows.contains_key(&entry.flow) {
+            let counter = band.start_of(&entry.flow);
+            band.ahead.remove(&entry.flow);
+            band.flows.insert(
+                Arc::clone(&entry.flow),
+                FlowQueue {
+                    entries: BTreeMap::new(),
+                    counter,
+                    queued_tokens: 0,
+                },
+            );
+        }
+        if let Some(flow) = band.flows.get_mut(&entry.flow) {
+            flow.queued_tokens += entry.tokens.max(1);
+            flow.entries.insert((entry.order_key, entry.id), entry);
+        }
     }
 
     /// The entry that would be dispatched next: the highest band, its fairest flow, its head.
     pub(crate) fn peek(&self) -> Option<&Entry<T>> {
-        let band = self.bands.values().next_back()?;
+        let band = self.bands.values().rev().find(|b| !b.flows.is_empty())?;
         band.flows[band.next_flow()?].entries.values().next()
     }
 
     /// Removes and returns the next entry, charging its flow its tokens.
     pub(crate) fn pop(&mut self) -> Option<Entry<T>> {
-        let (&priority, band) = self.bands.iter_mut().next_back()?;
+        let (&priority, band) = self
+            .bands
+            .iter_mut()
+            .rev()
+            .find(|(_, b)| !b.flows.is_empty())?;
         let name = Arc::clone(band.next_flow()?);
         let flow = band.flows.get_mut(&name)?;
         let (_, entry) = flow.entries.pop_first()?;
+        flow.queued_tokens -= entry.tokens.max(1);
         band.vtime = flow.counter;
         flow.counter += entry.tokens.max(1);
+        let vtime = band.vtime;
+        band.ahead.retain(|_, counter| *counter > vtime);
         self.forget_if_empty(priority, &name);
         self.len -= 1;
         self.bytes -= entry.bytes;
@@ -158,9 +216,10 @@ impl<T> ModelQueue<T> {
 
     /// Removes the entry `id` of (`priority`, `flow`), if it is still queued.
     pub(crate) fn remove(&mut self, priority: i32, flow: &str, id: u64) -> Option<Entry<T>> {
-        let entries = &mut self.bands.get_mut(&priority)?.flows.get_mut(flow)?.entries;
-        let key = *entries.iter().find(|(_, e)| e.id == id)?.0;
-        let entry = entries.remove(&key)?;
+        let queue = self.bands.get_mut(&priority)?.flows.get_mut(flow)?;
+        let key = *queue.entries.iter().find(|(_, e)| e.id == id)?.0;
+        let entry = queue.entries.remove(&key)?;
+        queue.queued_tokens -= entry.tokens.max(1);
         self.forget_if_empty(priority, flow);
         self.len -= 1;
         self.bytes -= entry.bytes;
@@ -170,7 +229,7 @@ impl<T> ModelQueue<T> {
     /// Removes the newest entry of the lowest band below `priority`: the one to turn away so a
     /// more important request fits.
     pub(crate) fn evict_below(&mut self, priority: i32) -> Option<Entry<T>> {
-        let (&band_priority, band) = self.bands.iter().next()?;
+        let (&band_priority, band) = self.bands.iter().find(|(_, b)| !b.flows.is_empty())?;
         if band_priority >= priority {
             return None;
         }
@@ -184,6 +243,35 @@ impl<T> ModelQueue<T> {
             })
             .max_by_key(|(_, id)| *id)?;
         self.remove(band_priority, &flow, id)
+    }
+
+    /// Removes, from band `priority`, the entry the fair order would serve last, if its flow is
+    /// over its share against a newcomer of `flow` with `tokens`: its counter plus queued tokens
+    /// (where it ends once all it queued is served) exceed the newcomer flow's, newcomer
+    /// included. The one to turn away when a full queue has nothing below `priority` to drop.
+    pub(crate) fn evict_over_share(
+        &mut self,
+        priority: i32,
+        flow: &str,
+        tokens: u64,
+    ) -> Option<Entry<T>> {
+        let band = self.bands.get(&priority)?;
+        let newcomer_ends = match band.flows.get(flow) {
+            Some(f) => f.counter + f.queued_tokens,
+            None => band.start_of(flow),
+        } + tokens.max(1);
+        let (victim, ends) = band
+            .flows
+            .iter()
+            .filter(|(name, _)| name.as_ref() != flow)
+            .map(|(name, f)| (name, f.counter + f.queued_tokens))
+            .max_by_key(|(_, ends)| *ends)?;
+        if ends <= newcomer_ends {
+            return None;
+        }
+        let id = band.flows[victim].entries.values().next_back()?.id;
+        let victim = Arc::clone(victim);
+        self.remove(priority, &victim, id)
     }
 
     /// Depth per (priority, flow), highest priority first.
@@ -210,9 +298,15 @@ impl<T> ModelQueue<T> {
             return;
         };
         if band.flows.get(flow).is_some_and(|f| f.entries.is_empty()) {
-            band.flows.remove(flow);
+            if let Some((name, f)) = band.flows.remove_entry(flow) {
+                if f.counter > band.vtime && band.ahead.len() < MAX_AHEAD_FLOWS {
+                    band.ahead.insert(name, f.counter);
+                }
+            }
         }
-        if band.flows.is_empty() {
+        // A band without flows is kept while it remembers one ahead (bands are the configured
+        // priorities: few).
+        if band.flows.is_empty() && band.ahead.is_empty() {
             self.bands.remove(&priority);
         }
     }
@@ -345,6 +439,76 @@ mod tests {
         assert_eq!(q.remove(0, "a", 1).map(|e| e.id), Some(1));
         assert_eq!(drain(&mut q), vec![2]);
         assert_eq!((q.len(), q.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn at_equal_counters_the_flow_asking_less_goes_first() {
+        // The flood queued first; the light flow joins level with it. The light one goes first
+        // (fewer queued tokens), not behind the flood's older head.
+        let mut q = ModelQueue::default();
+        for id in 1..=3 {
+            q.push(entry(id, 0, "flood", 100));
+        }
+        q.push(entry(4, 0, "light", 100));
+        assert_eq!(drain(&mut q), vec![4, 1, 2, 3]);
+    }
+
+    /// `rounds` rounds of: "flood" queues 3 requests, "light" 1 (in rounds `light_in` says),
+    /// one is dispatched, the rest expire (removed). Returns the dispatched flows.
+    fn starved_rounds(rounds: u64, light_in: impl Fn(u64) -> bool) -> Vec<String> {
+        let mut q = ModelQueue::default();
+        let mut id = 0;
+        let mut served = Vec::new();
+        for round in 0..rounds {
+            let mut queued = Vec::new();
+            for flow in ["flood", "flood", "flood", "light"] {
+                if flow == "light" && !light_in(round) {
+                    continue;
+                }
+                id += 1;
+                q.push(entry(id, 0, flow, 100));
+                queued.push((flow, id));
+            }
+            served.push(q.pop().unwrap().flow.to_string());
+            for (flow, id) in queued {
+                q.remove(0, flow, id);
+            }
+            assert!(q.is_empty());
+        }
+        served
+    }
+
+    #[test]
+    fn when_the_rest_expire_between_slots_the_over_share_flow_loses_first() {
+        let count = |served: &[String], flow: &str| served.iter().filter(|f| *f == flow).count();
+        // Both ask every round, one slot a round: half each (max-min fair), not every slot to
+        // whichever flow wins the tie each time (the flood's older head before this).
+        let served = starved_rounds(10, |_| true);
+        assert_eq!((count(&served, "flood"), count(&served, "light")), (5, 5));
+        // The light flow asks every other round, under its fair half: it gets all it asks,
+        // none of its requests expires, the flood gets the rest.
+        let served = starved_rounds(10, |round| round % 2 == 1);
+        assert_eq!((count(&served, "flood"), count(&served, "light")), (5, 5));
+    }
+
+    #[test]
+    fn a_full_queue_sheds_the_over_share_flow_not_the_light_newcomer() {
+        let mut q = ModelQueue::default();
+        for id in 1..=4 {
+            q.push(entry(id, 0, "flood", 100));
+        }
+        q.push(entry(5, 0, "light", 100));
+        // A light newcomer: the flood's last-served request goes (it ends at 400 > 200).
+        assert_eq!(q.evict_over_share(0, "light", 100).map(|e| e.id), Some(4));
+        // A flood newcomer: the light flow is not over its share; nothing is shed for it.
+        assert!(q.evict_over_share(0, "flood", 100).is_none());
+        // Level flows: nothing is shed (the newcomer would end as far ahead).
+        let mut q = ModelQueue::default();
+        q.push(entry(1, 0, "a", 100));
+        q.push(entry(2, 0, "b", 100));
+        assert!(q.evict_over_share(0, "b", 100).is_none());
+        assert!(q.evict_over_share(1, "c", 100).is_none(), "no such band");
+        assert_eq!((q.len(), q.bytes()), (2, 800));
     }
 
     #[test]
