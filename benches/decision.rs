@@ -20,6 +20,9 @@ use kvrouter::request::{self, ApiKind};
 use kvrouter::router::{RouteContext, Router};
 use kvrouter::telemetry::Metrics;
 
+mod support;
+use support::{arg, median};
+
 fn router(endpoints: usize) -> (Router, Vec<SocketAddr>) {
     let addrs: Vec<SocketAddr> = (0..endpoints)
         .map(|i| {
@@ -75,27 +78,13 @@ fn decide(router: &Router, body: &[u8], subset: Option<&[SocketAddr]>) -> (Durat
     (took, least_matched)
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn q(sorted_ns: &[u64], p: f64) -> f64 {
     sorted_ns[((sorted_ns.len() - 1) as f64 * p) as usize] as f64 / 1e3
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     // `cargo test --all-targets` runs this without `--bench`: a smoke run, not a measurement.
-    let measuring = std::env::args().any(|a| a == "--bench");
+    let measuring = support::measuring();
     let decisions = arg("--decisions", if measuring { 20_000 } else { 100 });
     let rounds = arg("--rounds", if measuring { 5 } else { 1 });
     let bodies: Vec<Vec<u8>> = (0..512).map(body).collect();

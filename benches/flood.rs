@@ -50,6 +50,9 @@ use tokio::runtime::Handle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
+mod support;
+use support::{chat_body, prose};
+
 /// The model the normal and hostile bodies name (the router tokenizes it with SmolLM2).
 const MODEL: &str = "smollm2";
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -97,17 +100,9 @@ impl Options {
     }
 }
 
-fn fixture_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("tokenizer.json").is_file())
-        .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
-}
-
 /// Endpoints that are never contacted: decisions only, no probes, no scrapes; `routing` YAML.
 fn router_yaml(routing: &str) -> String {
-    let tokenizer = fixture_dir().display().to_string();
+    let tokenizer = testkit::shared_fixture().display().to_string();
     format!(
         "server: {{reload_interval_ms: 0}}\n\
          routing: {routing}\n\
@@ -122,52 +117,17 @@ fn router_yaml(routing: &str) -> String {
     )
 }
 
-const WORDS: &[&str] = &[
-    "parcel",
-    "depot",
-    "harbor",
-    "truck",
-    "route",
-    "invoice",
-    "customer",
-    "delivery",
-    "window",
-    "priority",
-    "express",
-    "warehouse",
-    "pallet",
-    "customs",
-    "tracking",
-    "driver",
-];
-
-fn words(seed: usize, n: usize) -> String {
-    (0..n)
-        .map(|i| WORDS[(seed * 7 + i * 13 + i / 3) % WORDS.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// A normal request: a shared system prompt and a unique question.
 fn normal_body(i: usize) -> Vec<u8> {
     serde_json::json!({
         "model": MODEL,
         "max_tokens": 16,
         "messages": [
-            {"role": "system", "content": format!("You are a logistics assistant. {}", words(0, 150))},
-            {"role": "user", "content": format!("Question {i}: {}", words(i, 25))},
+            {"role": "system", "content": format!("You are a logistics assistant. {}", prose(0, 150))},
+            {"role": "user", "content": format!("Question {i}: {}", prose(i, 25))},
         ]
     })
     .to_string()
-    .into_bytes()
-}
-
-fn chat(n: usize, message: impl Fn(usize) -> String) -> Vec<u8> {
-    let messages: Vec<String> = (0..n).map(message).collect();
-    format!(
-        r#"{{"model":"{MODEL}","max_tokens":1,"messages":[{}]}}"#,
-        messages.join(",")
-    )
     .into_bytes()
 }
 
@@ -179,22 +139,28 @@ fn hostile_bodies(scale: usize) -> Vec<(&'static str, bytes::Bytes)> {
         )
     };
     let near_limit = {
-        let text = words(3, (31 << 20) / 8 / scale);
+        let text = prose(3, (31 << 20) / 8 / scale);
         serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": text}]})
             .to_string()
             .into_bytes()
     };
     vec![
-        ("9999-image-messages", chat(9_999 / scale, image).into()),
+        (
+            "9999-image-messages",
+            chat_body(MODEL, 9_999 / scale, image).into(),
+        ),
         (
             "9999-text-messages",
-            chat(9_999 / scale, |i| {
-                format!(r#"{{"role":"user","content":"{}"}}"#, words(i, 3))
+            chat_body(MODEL, 9_999 / scale, |i| {
+                format!(r#"{{"role":"user","content":"{}"}}"#, prose(i, 3))
             })
             .into(),
         ),
         ("31MiB-message", near_limit.into()),
-        ("60k-image-messages-413", chat(60_000 / scale, image).into()),
+        (
+            "60k-image-messages-413",
+            chat_body(MODEL, 60_000 / scale, image).into(),
+        ),
     ]
 }
 
@@ -451,11 +417,7 @@ fn median_ci(values: &[f64]) -> (f64, f64, f64) {
 
 fn main() {
     let o = Options::from_args();
-    let scale = if std::env::args().any(|a| a == "--bench") {
-        1
-    } else {
-        100
-    };
+    let scale = if support::measuring() { 1 } else { 100 };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

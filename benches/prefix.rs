@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -21,55 +21,20 @@ use kvrouter::request::{
     self, ApiKind, ChatMessage, ContentPart, ParsedRequest, Prompt, RequestLimits,
 };
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures/vllm-0.32-cpu-smollm2"))
-        .find(|p| p.join("tokenizer.json").is_file())
-        .expect("shared/fixtures/vllm-0.32-cpu-smollm2 beside the repository")
-}
+mod support;
+use support::{chat_body, prose};
 
 fn registry(cache_tokens: u64) -> TokenizerRegistry {
     TokenizerRegistry::from_config(
         &[ModelConfig {
             name: "smollm2".into(),
-            tokenizer: Some(fixture_dir().display().to_string()),
+            tokenizer: Some(testkit::shared_fixture().display().to_string()),
             token_cache_tokens: cache_tokens,
             ..ModelConfig::default()
         }],
         Path::new("/"),
     )
     .unwrap()
-}
-
-const WORDS: &[&str] = &[
-    "parcel",
-    "depot",
-    "harbor",
-    "truck",
-    "route",
-    "invoice",
-    "customer",
-    "delivery",
-    "window",
-    "priority",
-    "express",
-    "warehouse",
-    "pallet",
-    "customs",
-    "tracking",
-    "signature",
-];
-
-/// Deterministic prose of about `words` words.
-fn prose(seed: usize, words: usize) -> String {
-    let mut out = String::new();
-    for i in 0..words {
-        let w = WORDS[(i * 7 + seed * 13 + i / 5) % WORDS.len()];
-        out.push_str(w);
-        out.push(if i % 12 == 11 { '.' } else { ' ' });
-    }
-    out
 }
 
 fn message(role: &'static str, text: String) -> ChatMessage<'static> {
@@ -167,27 +132,10 @@ fn bench_prefix(c: &mut Criterion) {
     g.finish();
 }
 
-/// A chat body of `n` messages made by `message(i)`.
-fn chat_body(n: usize, message: impl Fn(usize) -> String) -> Vec<u8> {
-    let mut out = String::from(r#"{"model":"smollm2","messages":["#);
-    for i in 0..n {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&message(i));
-    }
-    out.push_str("]}");
-    out.into_bytes()
-}
-
 fn bench_hostile(c: &mut Criterion) {
     // Full size under `cargo bench`, 1/100 under `cargo test` (which runs each bench once).
-    let scale = if std::env::args().any(|a| a == "--bench") {
-        1
-    } else {
-        100
-    };
-    let tiny = chat_body(500_000 / scale, |i| {
+    let scale = if support::measuring() { 1 } else { 100 };
+    let tiny = chat_body("smollm2", 500_000 / scale, |i| {
         format!(
             r#"{{"role":"user","content":[{{"type":"image_url","image_url":"u{}"}}]}}"#,
             i % 10
@@ -198,8 +146,8 @@ fn bench_hostile(c: &mut Criterion) {
             r#"{{"role":"user","content":[{{"type":"text","text":"look"}},{{"type":"image_url","image_url":{{"url":"https://x/{i}.png"}}}}]}}"#
         )
     };
-    let images_60k = chat_body(60_000 / scale, image);
-    let images_10k = chat_body(10_000 / scale, image);
+    let images_60k = chat_body("smollm2", 60_000 / scale, image);
+    let images_10k = chat_body("smollm2", 10_000 / scale, image);
     println!(
         "bodies: {:.1} MiB (500k tiny image parts), {:.1} MiB (60k image messages), {:.1} MiB (10k)",
         tiny.len() as f64 / 1048576.0,

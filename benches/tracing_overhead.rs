@@ -27,6 +27,9 @@ use opentelemetry_sdk::trace::{
 };
 use tracing_subscriber::layer::SubscriberExt;
 
+mod support;
+use support::{arg, median};
+
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 fn router() -> Router {
@@ -91,23 +94,9 @@ fn round(router: &Router, bodies: &[Vec<u8>], n: usize) -> Round {
     }
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     // `cargo test --all-targets` runs this without `--bench`: a smoke run, not a measurement.
-    let measuring = std::env::args().any(|a| a == "--bench");
+    let measuring = support::measuring();
     let decisions = arg("--decisions", if measuring { 50_000 } else { 200 });
     let rounds = arg("--rounds", if measuring { 6 } else { 1 });
     let router = router();
