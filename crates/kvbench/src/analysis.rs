@@ -318,9 +318,7 @@ fn disturbance(r: &RunResult) -> Option<Disturbance> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::CpuUse;
     use crate::scenario::EventRecord;
-    use crate::scrape::Histogram;
     use crate::stats::{ReplicaStats, RunStats};
 
     fn record(id: usize, sent: f64, ttft: f64, ok: bool) -> RequestRecord {
@@ -345,28 +343,7 @@ mod tests {
     }
 
     fn run(workload: &str, label: &str, stats: RunStats, records: Vec<RequestRecord>) -> RunResult {
-        RunResult {
-            workload: workload.into(),
-            kind: "k".into(),
-            rate: 1.0,
-            label: label.into(),
-            policy: label.into(),
-            seed: 0,
-            order: 0,
-            failed: None,
-            stats: Some(stats),
-            bound: None,
-            cross_tenant: None,
-            decision: Histogram::default(),
-            flow_wait: Histogram::default(),
-            cpu: CpuUse::default(),
-            events: Vec::new(),
-            token_mismatches: 0,
-            router_time: Vec::new(),
-            divergence: None,
-            records,
-            samples: Vec::new(),
-        }
+        RunResult::for_test(workload, "k", label, 0, stats, records)
     }
 
     fn with_p90(p90: f64) -> RunStats {

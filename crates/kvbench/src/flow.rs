@@ -576,8 +576,6 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
 mod tests {
     use super::*;
     use crate::client::RequestRecord;
-    use crate::results::CpuUse;
-    use crate::scrape::Histogram;
     use crate::stats::run_stats;
 
     /// One synthetic run: per request (objective, tenant, status, ttft); requests 100 ms apart,
@@ -610,28 +608,14 @@ mod tests {
                 }
             })
             .collect();
-        RunResult {
-            workload: workload.into(),
-            kind: "flow_mix".into(),
-            rate: 1.0,
-            label: label.into(),
-            policy: "p".into(),
+        RunResult::for_test(
+            workload,
+            "flow_mix",
+            label,
             seed,
-            order: 0,
-            failed: None,
-            stats: Some(run_stats(&records, &[], 1000.0, 1.0, 0.0, 1)),
-            bound: None,
-            cross_tenant: None,
-            decision: Histogram::default(),
-            flow_wait: Histogram::default(),
-            cpu: CpuUse::default(),
-            events: Vec::new(),
-            token_mismatches: 0,
-            router_time: Vec::new(),
-            divergence: None,
+            run_stats(&records, &[], 1000.0, 1.0, 0.0, 1),
             records,
-            samples: Vec::new(),
-        }
+        )
     }
 
     #[test]

@@ -100,3 +100,40 @@ pub struct RunResult {
     /// Replica metric samples.
     pub samples: Vec<ReplicaSample>,
 }
+
+#[cfg(test)]
+impl RunResult {
+    /// A finished run for tests: `label` as the policy, rate 1, nothing but `stats` and
+    /// `records` measured.
+    pub(crate) fn for_test(
+        workload: &str,
+        kind: &str,
+        label: &str,
+        seed: u64,
+        stats: RunStats,
+        records: Vec<RequestRecord>,
+    ) -> RunResult {
+        RunResult {
+            workload: workload.into(),
+            kind: kind.into(),
+            rate: 1.0,
+            label: label.into(),
+            policy: label.into(),
+            seed,
+            order: 0,
+            failed: None,
+            stats: Some(stats),
+            bound: None,
+            cross_tenant: None,
+            decision: Histogram::default(),
+            flow_wait: Histogram::default(),
+            cpu: CpuUse::default(),
+            events: Vec::new(),
+            token_mismatches: 0,
+            router_time: Vec::new(),
+            divergence: None,
+            records,
+            samples: Vec::new(),
+        }
+    }
+}

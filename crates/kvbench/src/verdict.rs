@@ -477,8 +477,6 @@ pub fn cell(
 mod tests {
     use super::*;
     use crate::client::RequestRecord;
-    use crate::results::CpuUse;
-    use crate::scrape::Histogram;
     use crate::stats::run_stats;
 
     fn run(label: &str, seed: u64, ttfts: &[f64]) -> RunResult {
@@ -504,28 +502,14 @@ mod tests {
                 retry_after: None,
             })
             .collect();
-        RunResult {
-            workload: "w".into(),
-            kind: "k".into(),
-            rate: 1.0,
-            label: label.into(),
-            policy: label.into(),
+        RunResult::for_test(
+            "w",
+            "k",
+            label,
             seed,
-            order: 0,
-            failed: None,
-            stats: Some(run_stats(&records, &[], 1000.0, 1.0, 0.0, 1)),
-            bound: None,
-            cross_tenant: None,
-            decision: Histogram::default(),
-            flow_wait: Histogram::default(),
-            cpu: CpuUse::default(),
-            events: Vec::new(),
-            token_mismatches: 0,
-            router_time: Vec::new(),
-            divergence: None,
+            run_stats(&records, &[], 1000.0, 1.0, 0.0, 1),
             records,
-            samples: Vec::new(),
-        }
+        )
     }
 
     fn noisy(base: f64, seed: u64, n: usize) -> Vec<f64> {
