@@ -164,15 +164,11 @@ async fn second_turns(b: &Front, replicas: &[Replica]) -> Vec<(SocketAddr, u64)>
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prefix_routed_by_one_instance_is_followed_by_its_peer_through_redis() {
-    let dir = tempfile::tempdir().unwrap();
-    let redis = Redis::start(dir.path()).unwrap();
-    let replicas = replicas(dir.path());
-    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let a = Front::start(&addrs, Some(&redis)).await;
-    let b = Front::start(&addrs, Some(&redis)).await;
-    // Both subscribed before anything is published (pub/sub keeps no history).
+/// Two instances sharing through `redis`, both subscribed before anything is published
+/// (pub/sub keeps no history).
+async fn subscribed_pair(addrs: &[SocketAddr], redis: &Redis) -> (Front, Front) {
+    let a = Front::start(addrs, Some(redis)).await;
+    let b = Front::start(addrs, Some(redis)).await;
     for f in [&a, &b] {
         eventually("subscribed to Redis", Duration::from_secs(20), || async {
             (f.metric("kvrouter_sharing_connected", "role", "subscriber")
@@ -182,6 +178,16 @@ async fn a_prefix_routed_by_one_instance_is_followed_by_its_peer_through_redis()
         })
         .await;
     }
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_routed_by_one_instance_is_followed_by_its_peer_through_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path()).unwrap();
+    let replicas = replicas(dir.path());
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+    let (a, b) = subscribed_pair(&addrs, &redis).await;
 
     let picks = first_turns(&a, &replicas).await;
     eventually(
@@ -274,17 +280,7 @@ async fn a_slow_or_dead_redis_costs_no_request_and_sharing_resumes() {
     let mut redis = Redis::start(dir.path()).unwrap();
     let replicas = replicas(dir.path());
     let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-    let a = Front::start(&addrs, Some(&redis)).await;
-    let b = Front::start(&addrs, Some(&redis)).await;
-    for f in [&a, &b] {
-        eventually("subscribed to Redis", Duration::from_secs(20), || async {
-            (f.metric("kvrouter_sharing_connected", "role", "subscriber")
-                .await
-                >= 1.0)
-                .then_some(())
-        })
-        .await;
-    }
+    let (a, b) = subscribed_pair(&addrs, &redis).await;
 
     let decisions = |f: &Front| {
         let admin = f.router.admin;
