@@ -409,11 +409,14 @@ impl OwnershipIndex {
                     if p == u32::MAX {
                         return;
                     }
+                    let m = &mut out[p as usize];
+                    if m.blocks != block {
+                        return; // stopped at an earlier block
+                    }
                     let Some((confirmed, offloaded)) = h.state(now) else {
                         return;
                     };
-                    let m = &mut out[p as usize];
-                    if m.blocks == block {
+                    {
                         m.blocks += 1;
                         m.confirmed_blocks += u32::from(confirmed);
                         m.offloaded_blocks += u32::from(offloaded);

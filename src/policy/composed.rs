@@ -91,12 +91,9 @@ impl Policy for Composed {
 
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
-        let mut eligible: Vec<usize> = (0..n)
-            .filter(|&i| self.filters.iter().all(|f| f.keep(request, &candidates[i])))
-            .collect();
-        if eligible.is_empty() {
-            eligible = (0..n).collect();
-        }
+        let eligible = super::eligible_or_all(n, |i| {
+            self.filters.iter().all(|f| f.keep(request, &candidates[i]))
+        });
 
         let mut total = vec![0.0; n];
         let mut scratch = vec![0.0; n];
@@ -111,13 +108,13 @@ impl Policy for Composed {
             total.iter_mut().for_each(|t| *t /= weight_sum);
         }
 
-        let mut order = self.picker.order(&total, &eligible);
-        let mut excluded: Vec<usize> = (0..n).filter(|i| !eligible.contains(i)).collect();
+        let mut order = self.picker.order(&total, &eligible.kept);
+        let mut excluded = eligible.excluded;
         excluded.sort_by(|&a, &b| total[b].total_cmp(&total[a]));
         order.extend(excluded);
 
         let scores = (0..n)
-            .map(|i| eligible.contains(&i).then_some(total[i]))
+            .map(|i| eligible.mask[i].then_some(total[i]))
             .collect();
         Ranking {
             order,

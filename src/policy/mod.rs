@@ -230,13 +230,26 @@ pub(crate) fn order_by(
     out
 }
 
-/// Candidates that pass `keep`; all of them if none does (never refuse for saturation).
-pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Vec<usize> {
-    let kept: Vec<usize> = (0..n).filter(|&i| keep(i)).collect();
-    if kept.is_empty() {
-        (0..n).collect()
-    } else {
-        kept
+/// Candidates split by a filter: those that pass `keep`, or all of them if none does (never
+/// refuse for saturation), and the rest; `mask[i]` says whether candidate `i` was kept. Linear:
+/// a fleet of hundreds of candidates must not pay a search per candidate.
+pub(crate) struct Eligible {
+    pub kept: Vec<usize>,
+    pub excluded: Vec<usize>,
+    pub mask: Vec<bool>,
+}
+
+/// Splits `0..n` by `keep` (see [`Eligible`]).
+pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Eligible {
+    let mut mask: Vec<bool> = (0..n).map(keep).collect();
+    if !mask.contains(&true) {
+        mask.iter_mut().for_each(|m| *m = true);
+    }
+    let (kept, excluded) = (0..n).partition(|&i| mask[i]);
+    Eligible {
+        kept,
+        excluded,
+        mask,
     }
 }
 

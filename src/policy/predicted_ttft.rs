@@ -53,11 +53,10 @@ impl Policy for PredictedTtft {
             })
             .unzip();
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
-        let excluded: Vec<usize> = (0..n).filter(|i| !eligible.contains(i)).collect();
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let mut order = order_by(
-            &eligible,
+            &eligible.kept,
             |i| cost[i],
             self.tie_tolerance,
             load,
@@ -65,7 +64,7 @@ impl Policy for PredictedTtft {
             n,
         );
         order.extend(order_by(
-            &excluded,
+            &eligible.excluded,
             |i| cost[i],
             self.tie_tolerance,
             load,
@@ -75,7 +74,7 @@ impl Policy for PredictedTtft {
         Ranking {
             order,
             scores: (0..n)
-                .map(|i| eligible.contains(&i).then_some(-cost[i]))
+                .map(|i| eligible.mask[i].then_some(-cost[i]))
                 .collect(),
             predicted_ttft_ms: Some(ttft),
         }
