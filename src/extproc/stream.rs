@@ -342,7 +342,9 @@ impl Stream {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
         if matches!(self.phase, Phase::Start) && !full_duplex {
             // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
-            // path, request id and tenant header come as request attributes with the body.
+            // path, request id, tenant, flow and trace headers come as request attributes with
+            // the body. Not a mode the shipped configs use: Envoy 1.40 picks the upstream host
+            // before this message is answered (docs/envoy.md, "What the hop costs").
             let attributes = &msg.attributes;
             let path = envoy::attribute_str(attributes, "request.path").unwrap_or("");
             self.request_id = request_id(envoy::attribute_str(attributes, "request.id"));
@@ -365,7 +367,7 @@ impl Stream {
                 chunks: Vec::new(),
                 len: 0,
                 held: Default::default(),
-                trace: None,
+                trace: RemoteParent::capture(|name| envoy::header_attribute(attributes, name)),
             });
         }
         let pending = match &mut self.phase {
