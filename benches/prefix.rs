@@ -104,6 +104,24 @@ fn bench_prefix(c: &mut Criterion) {
     });
     g.finish();
 
+    // How the cached case scales with the new text: the same cached system prompt, a new user
+    // turn of 20 to 480 words (the first group's turn is the 480-word one).
+    let mut g = c.benchmark_group("tokenize_cached_system_prompt_by_new_turn");
+    g.sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    for words in [20usize, 60, 120, 240, 480] {
+        let turn = |i: usize| format!("Request {i}: {}", prose(i + 1, words));
+        g.bench_function(format!("{words}_words"), |b| {
+            b.iter(|| {
+                let i = next();
+                let m = [message("system", system.clone()), message("user", turn(i))];
+                black_box(t_warm.tokenize_chat(&m).unwrap().ids.len())
+            })
+        });
+    }
+    g.finish();
+
     let mut g = c.benchmark_group("tokenize_4k_chat_parts");
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
