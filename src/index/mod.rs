@@ -45,7 +45,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 pub use clock::{Clock, ManualClock, TokioClock};
-pub use interner::EndpointInterner;
+pub use interner::{EndpointInterner, IdCounts, IdLease};
 pub(crate) use pages::Pages;
 
 use lru::EndpointLru;
@@ -53,7 +53,8 @@ use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
 
 use crate::config::CacheIndexConfig;
 
-/// A small dense endpoint id, from [`EndpointInterner`]. At most 2^24 - 1.
+/// A small dense endpoint id, from [`EndpointInterner`]. At most 2^24 - 1. Reused for another
+/// address once the endpoint is gone for good (see [`IdLease`]).
 pub type EndpointId = u32;
 
 /// Where a block's KV lives on an endpoint, as the engine reports it (`medium` in vLLM's KV
