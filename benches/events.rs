@@ -79,7 +79,11 @@ fn hub(
         ))
         .unwrap();
     let ids = (0..endpoints)
-        .map(|e| interner.intern(format!("10.0.0.{}:8000", e + 1).parse().unwrap()))
+        .map(|e| {
+            interner
+                .lease(format!("10.0.0.{}:8000", e + 1).parse().unwrap())
+                .id()
+        })
         .collect();
     (events, index, ids)
 }

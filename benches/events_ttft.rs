@@ -148,7 +148,8 @@ async fn fleet(mode: Mode) -> (Vec<Sim>, Vec<Router>) {
             Arc::clone(&clock),
         ));
         let interner = Arc::new(EndpointInterner::new());
-        let ids: Vec<EndpointId> = addresses.iter().map(|a| interner.intern(*a)).collect();
+        // Nothing reclaims ids here: each stays its address's after the lease is dropped.
+        let ids: Vec<EndpointId> = addresses.iter().map(|a| interner.lease(*a).id()).collect();
         let events = match mode {
             Mode::Predictions => None,
             Mode::Precise => Some(

@@ -143,7 +143,7 @@ pools:
     )
     .await
     .unwrap();
-    let ep = interner.intern("127.0.0.1:8000".parse().unwrap());
+    let ep = interner.lease("127.0.0.1:8000".parse().unwrap()).id();
 
     // The recorded requests, hashed as the router does.
     let requests: Vec<Vec<u64>> = std::fs::read_to_string(dir.join("requests.jsonl"))

@@ -108,7 +108,10 @@ async fn connect_fleet(n: usize, block_size: u32, num_gpu_blocks: Option<u32>) -
     }
     let yaml = format!("pools:\n  - name: p\n    models: [m]\n    endpoints:\n{endpoints}");
     let (events, index, interner) = hub(&yaml).await;
-    let ids = sims.iter().map(|s| interner.intern(s.address)).collect();
+    let ids = sims
+        .iter()
+        .map(|s| interner.lease(s.address).id())
+        .collect();
     let fleet = Fleet {
         sims,
         events,
@@ -371,7 +374,10 @@ async fn a_late_router_learns_earlier_prefixes_from_the_replay_socket_and_not_wi
     let (with, with_index, with_ids) = hub(&yaml(&format!(", replay: \"{replay}\""))).await;
     let (without, without_index, without_ids) = hub(&yaml("")).await;
     let address: SocketAddr = "127.0.0.1:18300".parse().unwrap();
-    let (with_id, without_id) = (with_ids.intern(address), without_ids.intern(address));
+    let (with_id, without_id) = (
+        with_ids.lease(address).id(),
+        without_ids.lease(address).id(),
+    );
     let early_hashes = router_hashes(&early);
     eventually("the replayed prefix", || {
         with_index.lookup(&early_hashes, &[with_id])[0].confirmed_blocks == 6
@@ -472,7 +478,10 @@ pools:
         });
     }
     let f = Fleet {
-        ids: sims.iter().map(|s| interner.intern(s.address)).collect(),
+        ids: sims
+            .iter()
+            .map(|s| interner.lease(s.address).id())
+            .collect(),
         sims,
         events,
         index,

@@ -28,7 +28,7 @@ pub use synced::Published;
 
 use crate::config::{EngineKind, ResolvedEndpoint};
 use crate::health::EndpointHealth;
-use crate::index::{EndpointId, EndpointInterner};
+use crate::index::{EndpointId, EndpointInterner, IdLease};
 use crate::load::EndpointLoad;
 
 /// The source key of the config file's endpoint lists.
@@ -39,8 +39,12 @@ pub const STATIC_SOURCE: &str = "static";
 pub struct Endpoint {
     /// Where Envoy sends its requests.
     pub address: SocketAddr,
-    /// Its small id in the ownership index (stable for the address for the process's life).
+    /// Its small id in the ownership index: the address's while this endpoint, or any later
+    /// snapshot's for the same address, lives (see [`IdLease`]).
     pub id: EndpointId,
+    /// Keeps `id` this address's for as long as this snapshot entry is held (by a set, a plan,
+    /// a ticket, a scrape): only then may the id go to another address.
+    pub id_lease: Arc<IdLease>,
     /// `address` formatted once, as written in the destination header.
     pub address_str: Arc<str>,
     /// The pool it was configured in.
@@ -167,9 +171,11 @@ impl EndpointSet {
             let load = old.map(|ep| Arc::clone(&ep.load)).unwrap_or_default();
             let health = old.map(|ep| Arc::clone(&ep.health)).unwrap_or_default();
             let i = set.endpoints.len();
+            let id_lease = interner.lease(spec.address);
             set.endpoints.push(Arc::new(Endpoint {
                 address: spec.address,
-                id: interner.intern(spec.address),
+                id: id_lease.id(),
+                id_lease,
                 address_str: spec.address.to_string().into(),
                 pool: spec.pool.as_str().into(),
                 models: spec.models.clone(),
@@ -239,7 +245,8 @@ impl Registry {
         self.current.load_full()
     }
 
-    /// The address <-> index id mapping of every endpoint ever published.
+    /// The address <-> index id mapping of the endpoints published (and of those gone whose
+    /// ids are not reclaimed yet).
     pub fn interner(&self) -> &Arc<EndpointInterner> {
         &self.interner
     }

@@ -102,6 +102,9 @@ pub(crate) struct Applier {
     max_engine_blocks: usize,
     /// Only this KV-cache group's events count.
     group_idx: u32,
+    /// The stream was replaced or removed ([`Self::retire`]): a message a socket task had
+    /// already routed here must not write to the index any more.
+    retired: bool,
     pub(crate) counters: StreamCounters,
 }
 
@@ -121,6 +124,7 @@ impl Applier {
             link: Some(Reason::Connecting),
             max_engine_blocks,
             group_idx,
+            retired: false,
             counters: StreamCounters::default(),
         }
     }
@@ -151,6 +155,9 @@ impl Applier {
     /// next batch is judged as a first one); otherwise withdraw its confirmed blocks and keep
     /// the table for the next batch to restore.
     pub(crate) fn link_lost(&mut self, reason: Reason, index: &OwnershipIndex) {
+        if self.retired {
+            return;
+        }
         if reason == Reason::Disconnected {
             if self.link != Some(Reason::Disconnected) {
                 self.counters.withdrawals += 1;
@@ -171,16 +178,21 @@ impl Applier {
         self.counters.withdrawals += 1;
     }
 
-    /// The stream is being replaced (reload): what it confirmed goes, predictions stay.
+    /// The stream is being replaced or removed (reload): what it confirmed goes, predictions
+    /// stay, and nothing it receives from now on touches the index.
     pub(crate) fn retire(&mut self, index: &OwnershipIndex) {
         self.blocks.withdraw(self.ep, index);
         self.blocks.clear();
+        self.retired = true;
     }
 
     /// Something outside the stream (health checks, metrics) saw the engine restart: its cache
     /// is gone, so everything the endpoint held goes and its publisher's next batch is taken as
     /// a fresh start.
     pub(crate) fn restarted(&mut self, index: &OwnershipIndex) {
+        if self.retired {
+            return;
+        }
         index.clear_endpoint(self.ep);
         self.blocks.clear();
         self.expected.clear();
@@ -192,6 +204,9 @@ impl Applier {
     /// Applies one received message (or the error decoding it). `seq` is the sequence frame
     /// when it was readable even though the payload was not.
     pub(crate) fn on_message(&mut self, message: Received<'_>, index: &OwnershipIndex) {
+        if self.retired {
+            return;
+        }
         self.counters.messages += 1;
         let message = match message {
             Ok(m) => m,

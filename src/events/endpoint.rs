@@ -13,7 +13,7 @@ use super::blocks::Rehash;
 use super::gate::GateLimits;
 use super::state::{Published, Reason};
 use crate::config::ResolvedKvEvents;
-use crate::index::{Clock, EndpointId, OwnershipIndex};
+use crate::index::{Clock, EndpointId, IdLease, OwnershipIndex};
 
 /// What every socket task shares.
 #[derive(Debug)]
@@ -50,7 +50,9 @@ impl Shared {
 /// One endpoint's event stream.
 #[derive(Debug)]
 pub(crate) struct EndpointEvents {
-    pub(crate) id: EndpointId,
+    /// Its endpoint's id, held while the stream (or a socket task routing to it) lives, so the
+    /// index entries it writes cannot land on another endpoint.
+    lease: Arc<IdLease>,
     pub(crate) spec: ResolvedKvEvents,
     pub(crate) rehash: Rehash,
     pub(crate) max_engine_blocks: usize,
@@ -60,15 +62,20 @@ pub(crate) struct EndpointEvents {
 
 impl EndpointEvents {
     pub(crate) fn new(
-        id: EndpointId,
+        lease: Arc<IdLease>,
         spec: ResolvedKvEvents,
         rehash: Rehash,
         max_engine_blocks: usize,
         now_ms: u64,
     ) -> EndpointEvents {
-        let applier = Applier::new(id, rehash.clone(), max_engine_blocks, spec.group_idx);
+        let applier = Applier::new(
+            lease.id(),
+            rehash.clone(),
+            max_engine_blocks,
+            spec.group_idx,
+        );
         EndpointEvents {
-            id,
+            lease,
             published: Published::new(applier.state(), now_ms),
             applier: Mutex::new(applier),
             spec,
@@ -93,12 +100,17 @@ impl EndpointEvents {
             max_namespaces: 16,
         };
         Arc::new(EndpointEvents::new(
-            u32::from(port),
+            crate::index::EndpointInterner::new().lease(spec.address),
             spec,
             rehash,
             1 << 20,
             shared.clock.now_ms(),
         ))
+    }
+
+    /// The endpoint's id.
+    pub(crate) fn id(&self) -> EndpointId {
+        self.lease.id()
     }
 
     /// The endpoint's HTTP address.

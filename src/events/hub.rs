@@ -193,7 +193,8 @@ impl KvEvents {
             .into_iter()
             .chain(discovered.iter().cloned())
         {
-            let id = inner.interner.intern(spec.address);
+            let lease = inner.interner.lease(spec.address);
+            let id = lease.id();
             let rehash = Rehash {
                 model: spec.model.as_str().into(),
                 block_size_tokens: registry.block_size_tokens(&spec.model),
@@ -207,7 +208,7 @@ impl KvEvents {
             let ep = match reuse {
                 Some(e) => Arc::clone(e),
                 None => Arc::new(EndpointEvents::new(
-                    id,
+                    lease,
                     spec.clone(),
                     rehash,
                     settings.max_engine_blocks,
@@ -226,7 +227,7 @@ impl KvEvents {
         // Streams replaced or gone: what they confirmed may go stale unseen.
         for old_ep in old.iter().flatten() {
             let kept = by_id
-                .get(old_ep.id as usize)
+                .get(old_ep.id() as usize)
                 .and_then(Option::as_ref)
                 .is_some_and(|e| Arc::ptr_eq(e, old_ep));
             if !kept {
@@ -468,10 +469,10 @@ impl KvEvents {
                 let (engine_blocks, table_bytes) = applier.table_size();
                 EndpointEventsStatus {
                     address: e.spec.address,
-                    id: e.id,
+                    id: e.id(),
                     attach: e.spec.attach.clone(),
                     topic: e.spec.topic.clone(),
-                    state: self.source_state(e.id),
+                    state: self.source_state(e.id()),
                     since_ms: e.published.since_ms(),
                     counters: applier.counters,
                     engine_blocks,

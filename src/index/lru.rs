@@ -28,6 +28,9 @@ pub(crate) struct EndpointLru {
     pub(crate) capacity: usize,
     /// Blocks confirmed by engine events (the rest are predictions).
     pub(crate) confirmed: usize,
+    /// The endpoint's id was retired ([`super::OwnershipIndex::retire_endpoint`]): a writer
+    /// that took this list before the retirement must add nothing.
+    pub(crate) retired: bool,
 }
 
 impl EndpointLru {
@@ -40,7 +43,17 @@ impl EndpointLru {
             len: 0,
             capacity,
             confirmed: 0,
+            retired: false,
         }
+    }
+
+    /// Empties the list, frees its memory and marks it retired (the mark alone keeps writers
+    /// out: the capacity is left as it was).
+    pub(crate) fn retire(&mut self) {
+        *self = EndpointLru {
+            retired: true,
+            ..EndpointLru::new(self.capacity)
+        };
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -126,7 +139,10 @@ impl EndpointLru {
 
     /// Forgets every block (capacity kept), releasing memory.
     pub(crate) fn clear(&mut self) {
-        *self = EndpointLru::new(self.capacity);
+        *self = EndpointLru {
+            retired: self.retired,
+            ..EndpointLru::new(self.capacity)
+        };
     }
 
     /// Heap bytes held.

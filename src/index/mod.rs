@@ -18,6 +18,8 @@
 //! time, briefly, and never an endpoint lock, so it never waits on an insert for more than one
 //! shard update. Writers take the endpoint's lock, then one shard lock at a time. No lock is
 //! held across an `.await` (nothing here is async). A lookup racing an insert may see part of it.
+//! An insert racing [`OwnershipIndex::retire_endpoint`] adds nothing once the endpoint's state is
+//! marked retired, so a freed id never keeps entries (ids are reused: [`EndpointInterner`]).
 //!
 //! Memory: a (block, endpoint) entry costs a 12-byte holder (inline in the block's record when
 //! the block has one holder), a 16-byte recency node, and a share of the block's 24-byte record
@@ -43,7 +45,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 pub use clock::{Clock, ManualClock, TokioClock};
-pub use interner::EndpointInterner;
+pub use interner::{EndpointInterner, IdCounts, IdLease};
 pub(crate) use pages::Pages;
 
 use lru::EndpointLru;
@@ -51,7 +53,8 @@ use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
 
 use crate::config::CacheIndexConfig;
 
-/// A small dense endpoint id, from [`EndpointInterner`]. At most 2^24 - 1.
+/// A small dense endpoint id, from [`EndpointInterner`]. At most 2^24 - 1. Reused for another
+/// address once the endpoint is gone for good (see [`IdLease`]).
 pub type EndpointId = u32;
 
 /// Where a block's KV lives on an endpoint, as the engine reports it (`medium` in vLLM's KV
@@ -281,7 +284,23 @@ impl OwnershipIndex {
         update: impl Fn(&mut Holder),
     ) -> Result<(), IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
+        self.insert_into(&state, endpoint, hashes, update);
+        Ok(())
+    }
+
+    /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement).
+    fn insert_into(
+        &self,
+        state: &Mutex<EndpointLru>,
+        endpoint: EndpointId,
+        hashes: &[u64],
+        update: impl Fn(&mut Holder),
+    ) {
         let mut lru = state.lock();
+        if lru.retired {
+            // Retired since we looked it up: nothing may be added under an id that is free.
+            return;
+        }
         // Last block first: the prefix ends up most recent, so tails are evicted first.
         for &hash in hashes.iter().rev() {
             {
@@ -305,7 +324,6 @@ impl OwnershipIndex {
                 self.evict_lru(endpoint, &mut lru);
             }
         }
-        Ok(())
     }
 
     /// Drops the endpoint's least recently used block (the caller holds its lock).
@@ -368,11 +386,39 @@ impl OwnershipIndex {
         lru.clear();
     }
 
+    /// Forgets `endpoint` entirely so its id can be given to another address: drops its
+    /// entries, frees its recency list and forgets its capacity setting. A writer racing the
+    /// retirement with the endpoint's state looked up before it adds nothing; a later writer
+    /// starts a fresh state, as for a new endpoint (the caller, [`EndpointInterner::reclaim`],
+    /// retires only ids nothing can write for any more).
+    pub fn retire_endpoint(&self, endpoint: EndpointId) {
+        let state = {
+            let mut all = self.endpoints.write();
+            let state = all.get_mut(endpoint as usize).and_then(Option::take);
+            // Keep the table as short as the highest id in use.
+            while matches!(all.last(), Some(None)) {
+                all.pop();
+            }
+            state
+        };
+        let Some(state) = state else {
+            return;
+        };
+        let mut lru = state.lock();
+        for (_, hash) in lru.iter() {
+            self.shard(hash).write().remove(hash, endpoint);
+        }
+        lru.retire();
+    }
+
     /// Sets `endpoint`'s capacity in blocks (e.g. from its `vllm:cache_config_info`, converted to
     /// our block size), evicting its least recently used blocks past it.
     pub fn set_capacity(&self, endpoint: EndpointId, blocks: usize) -> Result<(), IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
         let mut lru = state.lock();
+        if lru.retired {
+            return Ok(());
+        }
         lru.capacity = blocks;
         while lru.over_capacity() {
             self.evict_lru(endpoint, &mut lru);

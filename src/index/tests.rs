@@ -125,6 +125,49 @@ fn remove_by_medium_and_clear_endpoint() {
 }
 
 #[test]
+fn a_retired_endpoint_leaves_nothing_and_its_id_starts_fresh() {
+    let (idx, _) = index(100, 60_000);
+    let hashes: Vec<u64> = (1..=50).collect();
+    idx.insert_confirmed(0, &hashes, Medium::Gpu).unwrap();
+    idx.insert_predicted(1, &hashes).unwrap();
+    idx.insert_predicted(2, &hashes[..10]).unwrap();
+    idx.set_capacity(2, 7).unwrap();
+    let before = idx.stats();
+    idx.retire_endpoint(2);
+    let stats = idx.stats();
+    let ids: Vec<EndpointId> = stats.endpoints.iter().map(|e| e.endpoint).collect();
+    assert_eq!(ids, [0, 1], "its state is gone, not just emptied");
+    assert_eq!(stats.entries, 100);
+    assert!(stats.heap_bytes < before.heap_bytes);
+    assert_eq!(blocks(&idx.lookup(&hashes, &[0, 1, 2])), [50, 50, 0]);
+    // Whoever gets id 2 next starts with the default capacity and nothing held.
+    idx.insert_predicted(2, &hashes[..3]).unwrap();
+    let fresh = idx.stats().endpoints[2];
+    assert_eq!((fresh.blocks, fresh.capacity_blocks), (3, 100));
+    // Retiring the highest ids shortens the per-endpoint table.
+    idx.retire_endpoint(2);
+    idx.retire_endpoint(1);
+    idx.retire_endpoint(9); // never seen: nothing happens
+    assert_eq!(idx.endpoints.read().len(), 1);
+    assert_eq!(idx.stats().entries, 50);
+}
+
+#[test]
+fn an_insert_that_looked_up_the_endpoint_before_its_retirement_adds_nothing() {
+    let (idx, _) = index(100, 60_000);
+    idx.insert_predicted(3, &[1, 2]).unwrap();
+    // A writer (a decision's commit, a KV-event batch) found the state, then lost the race.
+    let stale = idx.endpoint(3).unwrap();
+    idx.retire_endpoint(3);
+    idx.insert_into(&stale, 3, &[1, 2, 3], |h| h.set_media(Medium::Gpu.bit()));
+    let stats = idx.stats();
+    assert_eq!((stats.blocks, stats.entries), (0, 0));
+    assert!(stats.endpoints.is_empty());
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[3])), [0]);
+    assert!(stale.lock().retired, "marked for whoever still holds it");
+}
+
+#[test]
 fn endpoint_ids_past_the_packing_limit_are_refused() {
     let (idx, _) = index(10, 10);
     assert_eq!(

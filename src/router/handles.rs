@@ -154,7 +154,9 @@ impl AdminView {
 
     /// Every metric in the Prometheus text format, the KV-event streams' included.
     pub fn metrics_text(&self) -> String {
-        let mut text = self.tables.metrics.render(&self.endpoints());
+        let metrics = &self.tables.metrics;
+        metrics.record_endpoint_ids(self.tables.registry.interner().counts());
+        let mut text = metrics.render(&self.endpoints());
         let events = self.kv_events();
         if !events.is_empty() {
             text.push_str(&crate::telemetry::kv_events_text(&events));

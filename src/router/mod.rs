@@ -245,10 +245,14 @@ impl Router {
         let discovered = state
             .config
             .discovered_kv_event_subscriptions(&discovered, &own);
-        self.tables
+        let result = self
+            .tables
             .events
             .reload_with(&state.config, &discovered, &state.tokenizers)
-            .await
+            .await;
+        // Streams of departed endpoints are gone now, and with them their hold on the ids.
+        self.tables.reclaim_ids();
+        result
     }
 
     /// Offers every decision committed from now on to `outbox` (decision sharing with peer

@@ -21,6 +21,13 @@ use crate::health::Change;
 use crate::index::{Clock, IndexOptions, OwnershipIndex, TokioClock};
 use crate::telemetry::Metrics;
 
+/// How long an endpoint's id stays quarantined after the last holder of the endpoint let go
+/// (no set, plan, ticket, scrape or KV-event stream holds it), before another address may get
+/// it. Holding is what makes reuse safe; this is a margin on top (see
+/// [`crate::index::EndpointInterner`]). Under churn, the ids taken are about the endpoints
+/// alive plus those that left within this time.
+pub(crate) const ID_REUSE_GRACE_MS: u64 = 10_000;
+
 /// The router's tables. Shared (`Arc`) by the pipeline, the tickets of routed requests and the
 /// narrow handles given to the background tasks and the admin API.
 #[derive(Debug)]
@@ -42,6 +49,8 @@ pub(crate) struct Tables {
     /// Where committed decisions are offered to the peer instances (`sharing`); set once at
     /// start-up when sharing is on.
     pub(crate) sharing: std::sync::OnceLock<crate::sharing::Outbox>,
+    /// The index's clock, which also times the quarantine of reclaimed endpoint ids.
+    clock: Arc<dyn Clock>,
 }
 
 impl Tables {
@@ -57,7 +66,7 @@ impl Tables {
             config,
             Arc::clone(&index),
             Arc::clone(registry.interner()),
-            clock,
+            Arc::clone(&clock),
         );
         Tables {
             registry,
@@ -68,6 +77,7 @@ impl Tables {
             arrivals: ArrivalRates::default(),
             metrics,
             sharing: std::sync::OnceLock::new(),
+            clock,
         }
     }
 
@@ -81,12 +91,32 @@ impl Tables {
         self.metrics.gie.configure(&state.config);
     }
 
-    /// Drops removed endpoints' cache entries (whatever source removed them).
+    /// Drops removed endpoints' cache entries (whatever source removed them) and reclaims the
+    /// ids of endpoints gone for good ([`Self::reclaim_ids`]).
     pub(crate) fn forget_removed(&self, change: &SetChange) {
         for addr in &change.removed {
             if let Some(id) = self.registry.interner().get(addr) {
                 self.index.clear_endpoint(id);
             }
+        }
+        self.reclaim_ids();
+    }
+
+    /// Frees the ids of endpoints nothing has held for [`ID_REUSE_GRACE_MS`], retiring their
+    /// index state (entries, recency list, capacity), so new addresses reuse them and the
+    /// tables indexed by id stay as small as the endpoints alive. Run after every change of
+    /// the endpoint set and of the KV-event streams: the ids the next endpoints need are freed
+    /// by then, and a quiet set needs none.
+    pub(crate) fn reclaim_ids(&self) {
+        let freed =
+            self.registry
+                .interner()
+                .reclaim(self.clock.now_ms(), ID_REUSE_GRACE_MS, |id| {
+                    self.index.retire_endpoint(id)
+                });
+        if freed > 0 {
+            self.metrics.record_endpoint_ids_reclaimed(freed);
+            tracing::debug!(freed, "endpoint ids of departed endpoints reclaimed");
         }
     }
 
@@ -179,3 +209,7 @@ impl Tables {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "reclaim_tests.rs"]
+mod reclaim_tests;

@@ -28,6 +28,7 @@ pub use signals::SignalMetrics;
 
 use crate::config::LogFormat;
 use crate::discovery::EndpointSet;
+use crate::index::IdCounts;
 
 /// Labels of a routing decision.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,6 +79,13 @@ pub struct StreamEndLabels {
     pub outcome: String,
 }
 
+/// Labels of the endpoint-id gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdStateLabels {
+    /// `in_use`, `quarantined` or `free`.
+    pub state: String,
+}
+
 /// Every metric the router exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -92,6 +100,8 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     endpoint_in_flight: Family<EndpointLabels, Gauge>,
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
+    endpoint_ids: Family<IdStateLabels, Gauge>,
+    endpoint_ids_reclaimed: Counter,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
     /// Matched-token share and cache source of routed decisions.
@@ -185,6 +195,18 @@ impl Metrics {
             "Estimated prompt tokens routed to the endpoint that have not produced a first byte",
             endpoint_prefill_tokens.clone(),
         );
+        let endpoint_ids = Family::<IdStateLabels, Gauge>::default();
+        registry.register(
+            "endpoint_ids",
+            "Endpoint ids interned from addresses, by state: in_use (a live endpoint or KV-event stream holds it), quarantined (its endpoint left; reclaimed after a grace period), free (to be reused)",
+            endpoint_ids.clone(),
+        );
+        let endpoint_ids_reclaimed = Counter::default();
+        registry.register(
+            "endpoint_ids_reclaimed",
+            "Endpoint ids freed for reuse after their endpoint left for good",
+            endpoint_ids_reclaimed.clone(),
+        );
         let signals = SignalMetrics::register(&mut registry);
         let cache = CacheMetrics::register(&mut registry);
         let sharing = SharingMetrics::register(&mut registry);
@@ -204,6 +226,8 @@ impl Metrics {
             config_reloads,
             endpoint_in_flight,
             endpoint_prefill_tokens,
+            endpoint_ids,
+            endpoint_ids_reclaimed,
             endpoint_series: EndpointSeries::default(),
             scrape_lock: Mutex::new(()),
         }
@@ -274,6 +298,27 @@ impl Metrics {
                 result: if ok { "ok" } else { "error" }.to_string(),
             })
             .inc();
+    }
+
+    /// Sets the endpoint-id gauge to `counts` (read at scrape time: ids become quarantined
+    /// whenever their last holder lets go).
+    pub fn record_endpoint_ids(&self, counts: IdCounts) {
+        for (state, n) in [
+            ("in_use", counts.in_use),
+            ("quarantined", counts.quarantined),
+            ("free", counts.free),
+        ] {
+            self.endpoint_ids
+                .get_or_create(&IdStateLabels {
+                    state: state.to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts `n` endpoint ids freed for reuse.
+    pub fn record_endpoint_ids_reclaimed(&self, n: usize) {
+        self.endpoint_ids_reclaimed.inc_by(n as u64);
     }
 
     /// Renders every metric in the Prometheus text format, with per-endpoint gauges read from
@@ -407,6 +452,8 @@ mod tests {
         )]);
         let set = endpoints.snapshot();
         let guard = set.all()[0].load.begin(7);
+        m.record_endpoint_ids(endpoints.interner().counts());
+        m.record_endpoint_ids_reclaimed(2);
         let text = m.render(&set);
         for needle in [
             "kvrouter_decisions_total{policy=\"least-loaded\",endpoint=\"127.0.0.1:1\"} 1",
@@ -415,6 +462,9 @@ mod tests {
             "kvrouter_endpoint_in_flight_requests{endpoint=\"127.0.0.1:1\",pool=\"p\"} 1",
             "kvrouter_endpoint_in_flight_prefill_tokens{endpoint=\"127.0.0.1:1\",pool=\"p\"} 7",
             "kvrouter_decision_duration_seconds_count 1",
+            "kvrouter_endpoint_ids{state=\"in_use\"} 1",
+            "kvrouter_endpoint_ids{state=\"quarantined\"} 0",
+            "kvrouter_endpoint_ids_reclaimed_total 2",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

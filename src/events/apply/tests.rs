@@ -391,3 +391,39 @@ fn the_sequence_table_holds_at_most_max_dp_ranks_and_further_ranks_are_malformed
     a.on_message(message(1, 0, vec![stored(8)]), &index);
     assert_eq!(a.expected.len(), MAX_DP_RANKS);
 }
+
+#[test]
+fn a_retired_stream_touches_the_index_no_more() {
+    let (mut a, index, tags) = run(&[batch(0), batch(1)], 1 << 20);
+    assert_eq!(confirmed(&index, &tags), [1, 1000]);
+    a.retire(&index);
+    assert!(
+        confirmed(&index, &tags).is_empty(),
+        "what it confirmed goes"
+    );
+    // The endpoint's entries from now on are someone else's business (its next stream, the
+    // decisions routed to it); what reaches the old stream late must leave them alone.
+    let predicted = ours(77);
+    index.insert_predicted(EP, &[predicted]).unwrap();
+    a.on_message(
+        Ok(Message {
+            topic: b"",
+            seq: 2,
+            batch: Batch {
+                ts_s: 0.0,
+                events: vec![stored(5)],
+                dp_rank: None,
+            },
+        }),
+        &index,
+    );
+    a.link_lost(Reason::Disconnected, &index);
+    a.restarted(&index);
+    assert!(confirmed(&index, &[5]).is_empty());
+    assert_eq!(
+        index.lookup(&[predicted], &[EP])[0].blocks,
+        1,
+        "not cleared"
+    );
+    assert_eq!(a.counters.messages, 2, "the late message was not applied");
+}

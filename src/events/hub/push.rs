@@ -72,7 +72,9 @@ impl PushSink {
             .get(&address)
             .ok_or(PushError::UnknownEndpoint(address))?;
         match self.events.endpoint(id) {
-            Some(e) if e.spec.attach == KvEventsAttach::Push => Ok(e),
+            // The address is checked again: its id may have been reclaimed and given to
+            // another endpoint since it was looked up.
+            Some(e) if e.address() == address && e.spec.attach == KvEventsAttach::Push => Ok(e),
             Some(_) | None => Err(PushError::NotPushed(address)),
         }
     }

@@ -45,7 +45,7 @@ impl Fixture {
         )
         .await
         .unwrap();
-        let ep = interner.intern("127.0.0.1:9001".parse().unwrap());
+        let ep = interner.lease("127.0.0.1:9001".parse().unwrap()).id();
         Fixture {
             events,
             index,
