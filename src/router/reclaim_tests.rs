@@ -72,9 +72,7 @@ fn decide_to(r: &Router, to: SocketAddr, text: &str) -> Decision {
     let subset = [to];
     let ctx = RouteContext {
         subset: Some(&subset),
-        tenant: None,
-        request_id: "",
-        objective: None,
+        ..RouteContext::default()
     };
     let d = r.decide(&r.snapshot(), &req, ctx).unwrap();
     assert_eq!(d.primary().address, to);
@@ -192,9 +190,7 @@ async fn nothing_of_a_departed_endpoint_reaches_the_one_that_reuses_its_id() {
     let subset = [old];
     let ctx = RouteContext {
         subset: Some(&subset),
-        tenant: None,
-        request_id: "",
-        objective: None,
+        ..RouteContext::default()
     };
     let late_plan = r.plan(&state, &late_req, ctx).unwrap();
     let late_hashes = late_plan.prefix.block_hashes.clone();

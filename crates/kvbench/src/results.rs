@@ -101,28 +101,27 @@ pub struct RunResult {
     pub samples: Vec<ReplicaSample>,
 }
 
-#[cfg(test)]
 impl RunResult {
-    /// A finished run for tests: `label` as the policy, rate 1, nothing but `stats` and
-    /// `records` measured.
-    pub(crate) fn for_test(
+    /// A run of `workload` (`kind`) at `rate` under `label` (`policy`) with nothing measured
+    /// yet: seed and order 0, no stats, empty histograms and samples. Callers set what they have
+    /// with struct update syntax.
+    pub(crate) fn unmeasured(
         workload: &str,
         kind: &str,
+        rate: f64,
         label: &str,
-        seed: u64,
-        stats: RunStats,
-        records: Vec<RequestRecord>,
+        policy: &str,
     ) -> RunResult {
         RunResult {
             workload: workload.into(),
             kind: kind.into(),
-            rate: 1.0,
+            rate,
             label: label.into(),
-            policy: label.into(),
-            seed,
+            policy: policy.into(),
+            seed: 0,
             order: 0,
             failed: None,
-            stats: Some(stats),
+            stats: None,
             bound: None,
             cross_tenant: None,
             decision: Histogram::default(),
@@ -132,8 +131,27 @@ impl RunResult {
             token_mismatches: 0,
             router_time: Vec::new(),
             divergence: None,
-            records,
+            records: Vec::new(),
             samples: Vec::new(),
+        }
+    }
+
+    /// A finished run for tests: `label` as the policy, rate 1, nothing but `stats` and
+    /// `records` measured.
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        workload: &str,
+        kind: &str,
+        label: &str,
+        seed: u64,
+        stats: RunStats,
+        records: Vec<RequestRecord>,
+    ) -> RunResult {
+        RunResult {
+            seed,
+            stats: Some(stats),
+            records,
+            ..RunResult::unmeasured(workload, kind, 1.0, label, label)
         }
     }
 }

@@ -252,26 +252,8 @@ fn replica_spec(
 
 fn failed(w: &WorkloadSpec, rate: f64, p: &PolicySpec, why: String) -> RunResult {
     RunResult {
-        workload: w.name.clone(),
-        kind: w.shape.kind().into(),
-        rate,
-        label: p.label().into(),
-        policy: p.policy.clone(),
-        seed: 0,
-        order: 0,
         failed: Some(why),
-        stats: None,
-        bound: None,
-        cross_tenant: None,
-        decision: Histogram::default(),
-        flow_wait: Histogram::default(),
-        cpu: CpuUse::default(),
-        events: Vec::new(),
-        token_mismatches: 0,
-        router_time: Vec::new(),
-        divergence: None,
-        records: Vec::new(),
-        samples: Vec::new(),
+        ..RunResult::unmeasured(&w.name, w.shape.kind(), rate, p.label(), &p.policy)
     }
 }
 
