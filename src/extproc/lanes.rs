@@ -104,7 +104,10 @@ pub(crate) async fn run<T: Send + 'static>(
     if heavy {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move || {
-            let _ = tx.send(job());
+            // Whoever queued it is gone (its stream dropped while it waited): skip the work.
+            if !tx.is_closed() {
+                let _ = tx.send(job());
+            }
         });
         lanes.heavy.send(job).ok()?;
         rx.await.ok()

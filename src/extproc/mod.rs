@@ -10,6 +10,7 @@
 //! task wake-up (tonic's), not three.
 
 mod budget;
+mod codec;
 mod envoy;
 pub mod inflight;
 mod lanes;
@@ -24,12 +25,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
-    ExternalProcessor, ExternalProcessorServer,
-};
-use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
 use futures::Stream as FuturesStream;
 use tonic::{Request, Response, Status, Streaming};
+
+use codec::{ExtProcServer, Inbound};
 
 use crate::router::{Router, Ticket};
 use crate::telemetry::Metrics;
@@ -80,23 +80,18 @@ impl ExtProc {
 
     /// The tonic service, accepting messages up to `max_message_bytes` (a BUFFERED body arrives
     /// as one message).
-    pub fn into_server(self, max_message_bytes: usize) -> ExternalProcessorServer<ExtProc> {
-        ExternalProcessorServer::new(self)
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+    pub fn into_server(self, max_message_bytes: usize) -> ExtProcServer {
+        ExtProcServer::new(self, max_message_bytes)
     }
-}
 
-type ReplyStream = Pin<Box<dyn FuturesStream<Item = Result<ProcessingResponse, Status>> + Send>>;
+    /// Messages longer than this are decoded off the async workers ([`codec`]): the bodies
+    /// that are decided in the heavy lane.
+    fn raw_above(&self) -> usize {
+        self.router.snapshot().config.routing.heavy_body_bytes
+    }
 
-#[tonic::async_trait]
-impl ExternalProcessor for ExtProc {
-    type ProcessStream = ReplyStream;
-
-    async fn process(
-        &self,
-        request: Request<Streaming<ProcessingRequest>>,
-    ) -> Result<Response<Self::ProcessStream>, Status> {
+    /// Serves one ext_proc stream.
+    fn process(&self, request: Request<Streaming<Inbound>>) -> Response<ReplyStream> {
         let session = Session {
             stream: stream::Stream::new(
                 Arc::clone(&self.router),
@@ -108,12 +103,11 @@ impl ExternalProcessor for ExtProc {
             metrics: Arc::clone(&self.metrics),
         };
         self.metrics.stream_opened();
-        Ok(Response::new(Box::pin(futures::stream::unfold(
-            session,
-            Session::next,
-        ))))
+        Response::new(Box::pin(futures::stream::unfold(session, Session::next)))
     }
 }
+
+type ReplyStream = Pin<Box<dyn FuturesStream<Item = Result<ProcessingResponse, Status>> + Send>>;
 
 /// One stream being served: Envoy's messages in, our replies out, driven by tonic polling the
 /// reply stream. Envoy resetting the stream at the end of a request is normal and simply ends
@@ -121,7 +115,7 @@ impl ExternalProcessor for ExtProc {
 /// releases anything still held, and counts the stream's end.
 struct Session {
     stream: stream::Stream,
-    inbound: Streaming<ProcessingRequest>,
+    inbound: Streaming<Inbound>,
     /// Replies produced but not yet taken (a full-duplex echo produces one per body chunk).
     replies: VecDeque<ProcessingResponse>,
     metrics: Arc<Metrics>,
@@ -138,9 +132,18 @@ impl Session {
             if self.stream.is_finished() {
                 return None;
             }
-            match self.inbound.message().await {
-                Ok(Some(msg)) => self.replies.extend(self.stream.on_message(msg).await),
+            let msg = match self.inbound.message().await {
+                Ok(Some(Inbound::Decoded(msg))) => Ok(msg),
+                // A long message (a big body): decoded in the heavy lane, so its copy does not
+                // hold an async worker (`codec`).
+                Ok(Some(raw)) => lanes::run(true, move || raw.decode())
+                    .await
+                    .unwrap_or_else(|| Err(Status::unavailable("shutting down"))),
                 Ok(None) => return None,
+                Err(status) => Err(status),
+            };
+            match msg {
+                Ok(msg) => self.replies.extend(self.stream.on_message(msg).await),
                 Err(status) => {
                     tracing::trace!(%status, "ext_proc stream ended by Envoy");
                     return None;

@@ -122,7 +122,14 @@ impl Pending {
     /// Tenancy: puts the tenant's `cache_salt` into the body (chunk boundaries kept). True when
     /// the body changed.
     fn salt(&mut self) -> Result<bool, Rejection> {
-        if self.chunks.is_empty() {
+        if self.chunks.is_empty()
+            || self
+                .state
+                .tenants
+                .cache_salt(self.tenant.as_deref(), None)
+                .is_none()
+        {
+            // Nothing to put in: the body is not copied.
             return Ok(false);
         }
         let mut body = self.body().into_owned();
@@ -436,7 +443,7 @@ impl Stream {
     /// `slot`, then (full duplex) the echoed body and trailers response.
     async fn decide(
         &mut self,
-        pending: Pending,
+        mut pending: Pending,
         slot: Slot,
         trailers: bool,
     ) -> Vec<ProcessingResponse> {
@@ -470,7 +477,7 @@ impl Stream {
                     tracing::debug!(request_id = %request_id, "abandoned before deciding");
                     return (pending, Ok(None));
                 }
-                let result = decide_guarded(&router, &pending, &request_id);
+                let result = decide_and_salt(&router, &mut pending, &request_id);
                 (pending, result)
             })
             .await;
@@ -481,7 +488,7 @@ impl Stream {
                 None => return self.reject(Rejection::internal(), retry_after),
             }
         } else {
-            let result = decide_guarded(&self.router, &pending, &self.request_id);
+            let result = decide_and_salt(&self.router, &mut pending, &self.request_id);
             (pending, result)
         };
 
@@ -490,24 +497,22 @@ impl Stream {
             && !pending.chunks.is_empty();
         let mut out = Vec::with_capacity(if echo { pending.chunks.len() + 2 } else { 1 });
         match result {
-            Ok(Some(decision)) => {
+            Ok(Some((decision, salted))) => {
                 span.routed(&decision);
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
                 let mut reply = envoy::route(slot, header, &decision.destination, id);
-                // Tenancy: the tenant's cache_salt goes into the body the engine receives.
-                match pending.salt() {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        // BUFFERED: nothing is echoed afterwards, the body moves into the reply.
-                        let buffered = (slot == Slot::RequestBody)
-                            .then(|| std::mem::take(&mut pending.chunks).concat());
-                        envoy::body_changed(&mut reply, pending.len, buffered);
-                    }
-                    Err(rejection) => {
-                        span.rejected(rejection.status);
-                        return self.reject(rejection, retry_after);
-                    }
+                if salted {
+                    // BUFFERED: nothing is echoed afterwards, the body moves into the reply
+                    // (one chunk, always, in BUFFERED: moved, not copied).
+                    let buffered = (slot == Slot::RequestBody).then(|| {
+                        let mut chunks = std::mem::take(&mut pending.chunks);
+                        match chunks.len() {
+                            1 => chunks.pop().unwrap_or_default(),
+                            _ => chunks.concat(),
+                        }
+                    });
+                    envoy::body_changed(&mut reply, pending.len, buffered);
                 }
                 out.push(reply);
                 tracing::debug!(
@@ -736,6 +741,21 @@ impl Drop for Abandoned {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
+}
+
+/// Decides, then (routed) puts the tenant's `cache_salt` into the body the engine receives:
+/// both in the caller's thread, so a big body is copied in its lane, not on an async worker.
+/// `Some((decision, whether the body changed))`; `None` as for [`decide_guarded`].
+fn decide_and_salt(
+    router: &Router,
+    pending: &mut Pending,
+    request_id: &str,
+) -> Result<Option<(Decision, bool)>, Rejection> {
+    let Some(decision) = decide_guarded(router, pending, request_id)? else {
+        return Ok(None);
+    };
+    let salted = pending.salt()?;
+    Ok(Some((decision, salted)))
 }
 
 /// Parses and decides; `Ok(None)` if the router itself failed (a bug), so the caller can fall
