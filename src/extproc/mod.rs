@@ -11,6 +11,7 @@
 
 mod budget;
 mod codec;
+mod divert;
 mod envoy;
 pub mod inflight;
 mod lanes;
