@@ -284,6 +284,15 @@ pub struct ModelConfig {
     /// estimate, as for `template_fuel`. Must be > 0. Default 67108864 (64 MiB, twice the
     /// default `routing.max_body_bytes`).
     pub max_rendered_prompt_bytes: u64,
+    /// Decide before the whole chat is tokenized, 0..=1: once this fraction of the rendered
+    /// prompt's bytes is tokenized (from the token cache, or just now), tokenizing stops at the
+    /// next segment (message) the cache does not hold. The decision counts the rest by
+    /// estimate; the rest is tokenized right after the reply (filling the cache and the pick's
+    /// predicted blocks), off the request's path. New text can match an engine's cache only
+    /// after a matching prefix, so the pick rarely changes, and a new user turn (~2 us a word
+    /// to tokenize) no longer delays the decision. Not for chats with media. 1 turns it off.
+    /// Default 0.5.
+    pub defer_tokenizing_after: f64,
 }
 
 impl Default for ModelConfig {
@@ -299,6 +308,7 @@ impl Default for ModelConfig {
             template_fuel: crate::prefix::template::DEFAULT_TEMPLATE_FUEL,
             max_rendered_prompt_bytes: crate::prefix::template::DEFAULT_MAX_RENDERED_PROMPT_BYTES
                 as u64,
+            defer_tokenizing_after: 0.5,
         }
     }
 }

@@ -529,6 +529,11 @@ impl Stream {
                     uncached_tokens = decision.plan.uncached_tokens(),
                     "routed"
                 );
+                if let Some(rest) = decision.rest {
+                    // The new text after the cached prefix the decision used: tokenized and
+                    // predicted on the pick once the reply is on its way.
+                    tokio::spawn(lanes::run(false, move || rest.finish()));
+                }
                 self.table.insert(id, decision.ticket);
                 self.phase = Phase::Picked { id: Some(id) };
             }

@@ -55,7 +55,7 @@ pub use handles::{AdminView, Handles};
 pub use log::DecisionLog;
 pub use plan::{CandidateSignals, Plan};
 pub use state::RouterState;
-pub use ticket::{Decision, ResponseFacts, Ticket};
+pub use ticket::{Decision, ResponseFacts, RestOfPrompt, Ticket};
 
 use crate::config::Config;
 use crate::discovery::SetChange;

@@ -211,7 +211,9 @@ pub(crate) fn plan(
     // Bounded: past `routing.prefix_budget_ms` the request gets a cheaper identity rather than
     // holding a tokenizing slot that other requests' decisions wait for.
     let deadline = config.routing.prefix_deadline(Instant::now());
-    let prefix = state.tokenizers.identify_until(request, &ns, deadline);
+    let prefix = state
+        .tokenizers
+        .identify_for_routing(request, &ns, deadline);
 
     let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
     let matches = tables.index.lookup(&prefix.block_hashes, &ids);
