@@ -12,7 +12,7 @@
 mod budget;
 mod codec;
 mod divert;
-mod envoy;
+pub mod envoy;
 pub mod inflight;
 mod lanes;
 mod reject;

@@ -196,7 +196,7 @@ impl TokenizerRegistry {
                     Some(DeferredPrefix(Arc::new(DeferredWork {
                         entry: Arc::clone(entry?),
                         text,
-                        hasher: hasher.clone(),
+                        hasher,
                         max_blocks,
                     })))
                 });

@@ -34,6 +34,16 @@ enum Command {
     /// `output_length`, `hash_ids` of 512-token blocks) through every policy of the `replay`
     /// preset, to see which policy your traffic wants.
     Replay(ReplayArgs),
+    /// Serve a null endpoint picker (ext_proc) that routes to the replicas in turn and does
+    /// nothing else: what the protocol alone costs (scripts/overhead.sh's third path).
+    NullExtproc {
+        /// gRPC listen address.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// A replica address to route to (repeatable; in turn).
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<std::net::SocketAddr>,
+    },
     /// Print a built-in plan (quick, full, smoke, validate, replay, flow) to start your own from.
     Plan {
         /// Preset name.
@@ -118,6 +128,15 @@ fn main() -> ExitCode {
             }
         },
         Command::Replay(args) => return replay(args),
+        Command::NullExtproc { listen, replicas } => {
+            let served = tokio::runtime::Runtime::new()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| rt.block_on(kvbench::null_extproc::serve(listen, &replicas)));
+            if let Err(e) = served {
+                eprintln!("kvbench: null-extproc: {e}");
+                return ExitCode::from(1);
+            }
+        }
         Command::Report { results, out } => {
             let dir =
                 out.unwrap_or_else(|| results.parent().map(PathBuf::from).unwrap_or_default());
