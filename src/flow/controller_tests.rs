@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::flow::Room;
+use crate::flow::{Ask, Room};
 
 /// Room the test controls: `free` prompt tokens over one candidate, any number of requests.
 struct FakeRoom(Arc<AtomicU64>);
 
 impl RoomSource for FakeRoom {
-    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: 1,
             free_prefill_tokens: self.0.load(Ordering::Relaxed),
@@ -25,7 +25,7 @@ impl RoomSource for FakeRoom {
 struct FakeSlots(Arc<AtomicU64>, usize);
 
 impl RoomSource for FakeSlots {
-    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: self.1,
             free_prefill_tokens: u64::MAX,
@@ -405,3 +405,4 @@ async fn a_full_queue_displaces_the_flood_not_the_light_newcomer() {
     assert_eq!(refused.reason, ShedReason::QueueFull);
     assert!(!light.is_finished() && flood.iter().all(|t| !t.is_finished()));
 }
+
