@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::metrics::FlowMetrics;
-use super::queue::{Entry, FlowDepth, ModelQueue};
+use super::queue::{Entry, FlowDepth, ModelQueue, Removal};
 use super::{Ask, Labels, RoomSource, Shed, ShedReason};
 use crate::config::{FlowControlConfig, QueueOrdering};
 
@@ -130,15 +130,15 @@ struct Waiting<'a> {
 }
 
 impl Waiting<'_> {
-    /// Takes the entry out if it is still queued; true if it was.
-    fn withdraw(&mut self) -> bool {
+    /// Takes the entry out if it is still queued (`why` it leaves); true if it was.
+    fn withdraw(&mut self, why: Removal) -> bool {
         self.armed = false;
         let mut models = self.controller.models.lock();
         models
             .get_mut(self.model)
             .and_then(|s| {
                 s.queue
-                    .remove(self.labels.priority, &self.labels.flow, self.id)
+                    .remove(self.labels.priority, &self.labels.flow, self.id, why)
             })
             .is_some()
     }
@@ -146,7 +146,7 @@ impl Waiting<'_> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if self.armed && self.withdraw() {
+        if self.armed && self.withdraw(Removal::Cancelled) {
             self.controller
                 .metrics
                 .outcome(self.model, self.labels.priority, "cancelled");
@@ -316,7 +316,7 @@ impl FlowController {
                 Err(shed(ShedReason::Closed))
             }
             Err(_) => {
-                if waiting.withdraw() {
+                if waiting.withdraw(Removal::Lost) {
                     self.metrics.outcome(model, labels.priority, "expired");
                     return Err(shed(ShedReason::Expired));
                 }
@@ -376,7 +376,7 @@ impl FlowController {
                 // Its own timer is due but its task has not run yet (a busy runtime): turn it
                 // away here, never dispatch a request that waited past its bound.
                 let (priority, flow, id) = (head.priority, Arc::clone(&head.flow), head.id);
-                if let Some(entry) = state.queue.remove(priority, &flow, id) {
+                if let Some(entry) = state.queue.remove(priority, &flow, id, Removal::Lost) {
                     self.metrics.outcome(model, priority, "expired");
                     let _ = entry.payload.tx.send(Err(Shed {
                         reason: ShedReason::Expired,
