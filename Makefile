@@ -85,7 +85,7 @@ bench-full: release envoy tokenizers
 	target/release/kvbench run --plan full --out bench-out/full \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
-## Flow control on against off under 2x overload (issue 17): 5 report seeds, about 9 minutes;
+## Flow control on against off under 2x overload (issue 17): 5 report seeds, about 12 minutes;
 ## report in bench-out/flow/report.md.
 bench-flow: release envoy tokenizers
 	target/release/kvbench run --plan flow --out bench-out/flow --no-overhead \

@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
 pub use flow::{
-    BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig, UnmatchedLabels,
+    BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig, RoomMode,
+    UnmatchedLabels,
 };
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{

@@ -160,7 +160,11 @@ impl Router {
             state: Arc::clone(&state),
         };
         Ok(Router {
-            flow: Arc::new(FlowController::new(Box::new(room), &flow_config)),
+            flow: Arc::new(FlowController::with_wake(
+                Box::new(room),
+                &flow_config,
+                Arc::clone(&tables.room_freed),
+            )),
             tables,
             state,
         })

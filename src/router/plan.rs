@@ -13,12 +13,12 @@ use super::explain::Explanation;
 use super::state::RouterState;
 use super::tables::Tables;
 use super::{RouteContext, RouteError};
-use crate::config::EngineKind;
+use crate::config::{Config, EngineKind};
 use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
-use crate::load::LoadSnapshot;
+use crate::load::{EngineSignal, LoadSnapshot};
 use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
@@ -110,6 +110,62 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
         in_flight_requests: s.in_flight_requests,
         in_flight_prefill_tokens: s.in_flight_prefill_tokens,
         in_flight_prefilling: s.in_flight_prefilling,
+    }
+}
+
+/// Whether `ep`'s engine is scraped under `config`, its signal at `now`, and its load when that
+/// signal is fresh.
+pub(super) fn engine_view(
+    ep: &Endpoint,
+    config: &Config,
+    now: tokio::time::Instant,
+) -> (bool, EngineSignal, Option<EngineLoad>) {
+    let scrape = &config.load.scrape;
+    let scraped = scrape.enabled && ep.engine != EngineKind::Other;
+    let signal = ep
+        .load
+        .engine
+        .signal(now, Duration::from_millis(scrape.staleness_ms));
+    let engine = signal.fresh().filter(|_| scraped).map(|s| EngineLoad {
+        waiting_requests: s.waiting_requests,
+        running_requests: s.running_requests,
+        kv_cache_usage: s.kv_cache_usage,
+    });
+    (scraped, signal, engine)
+}
+
+/// `ep`'s prefill speed (tokens per second) and where it comes from: learned once trusted, else
+/// configured for the endpoint, else the policy's default.
+pub(super) fn prefill_speed(ep: &Endpoint, config: &Config) -> (f64, &'static str) {
+    match ep.load.learned.prefill_tokens_per_s(&config.load.learning) {
+        Some(v) => (v, "learned"),
+        None => match ep.prefill_tokens_per_s {
+            Some(v) => (v, "configured"),
+            None => (
+                config.policy.predicted_ttft.default_prefill_tokens_per_s,
+                "default",
+            ),
+        },
+    }
+}
+
+/// The policy's view of `ep`'s load at `now`, for a request with nothing cached there.
+pub(super) fn load_view(
+    ep: &Endpoint,
+    config: &Config,
+    now: tokio::time::Instant,
+) -> CandidateView {
+    CandidateView {
+        address: ep.address,
+        weight: ep.weight,
+        load: router_load(ep.load.snapshot()),
+        max_in_flight: ep.max_in_flight,
+        matched_tokens: 0,
+        confirmed_tokens: 0,
+        held_tokens: 0,
+        prefill_tokens_per_s: prefill_speed(ep, config).0,
+        engine: engine_view(ep, config, now).2,
+        ttft_residual_ms: ep.load.learned.ttft_residual_ms(&config.load.learning, now),
     }
 }
 
@@ -221,30 +277,12 @@ pub(crate) fn plan(
     // Without subscriptions every endpoint's entries are predictions: nothing to ask.
     let events = state.kv_events().then_some(&tables.events);
     let weights = &config.kv_events.medium_weights;
-    let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
     let learning = &config.load.learning;
-    let scrape = &config.load.scrape;
-    let staleness = Duration::from_millis(scrape.staleness_ms);
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
-        let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-        let engine_signal = ep.load.engine.signal(now, staleness);
-        let engine = engine_signal
-            .fresh()
-            .filter(|_| scraped)
-            .map(|s| EngineLoad {
-                waiting_requests: s.waiting_requests,
-                running_requests: s.running_requests,
-                kv_cache_usage: s.kv_cache_usage,
-            });
-        let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
-            Some(v) => (v, "learned"),
-            None => match ep.prefill_tokens_per_s {
-                Some(v) => (v, "configured"),
-                None => (default_speed, "default"),
-            },
-        };
+        let (scraped, engine_signal, engine) = engine_view(ep, config, now);
+        let (speed, speed_source) = prefill_speed(ep, config);
         let (cache_source, cache_reason) = match events {
             Some(events) => {
                 let state = events.source_state(ep.id);

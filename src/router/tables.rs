@@ -49,6 +49,9 @@ pub(crate) struct Tables {
     /// Where committed decisions are offered to the peer instances (`sharing`); set once at
     /// start-up when sharing is on.
     pub(crate) sharing: std::sync::OnceLock<crate::sharing::Outbox>,
+    /// Notified when a routed request's first byte frees prefill room on its endpoint: the
+    /// flow controller's dispatcher re-checks its queues then, not only on its next tick.
+    pub(crate) room_freed: Arc<tokio::sync::Notify>,
     /// The index's clock, which also times the quarantine of reclaimed endpoint ids.
     clock: Arc<dyn Clock>,
 }
@@ -77,6 +80,7 @@ impl Tables {
             arrivals: ArrivalRates::default(),
             metrics,
             sharing: std::sync::OnceLock::new(),
+            room_freed: Arc::new(tokio::sync::Notify::new()),
             clock,
         }
     }

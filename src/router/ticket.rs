@@ -199,6 +199,8 @@ impl Ticket {
     /// time to first token teaches its learned speed and residual.
     pub fn on_first_byte(&mut self, at: Instant) {
         self.guard.prefill_done();
+        // Prefill room freed: a queued request may go now (a no-op without flow control).
+        self.tables.room_freed.notify_one();
         if let Some(ctx) = self.ttft.take() {
             let ttft_ms = at.saturating_duration_since(self.decided_at).as_secs_f64() * 1e3;
             self.endpoint.load.learned.observe(
