@@ -14,12 +14,13 @@ use super::state::RouterState;
 use super::tables::Tables;
 use super::{RouteContext, RouteError};
 use crate::config::EngineKind;
+use crate::config::KvTiersConfig;
 use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
 use crate::load::LoadSnapshot;
-use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
+use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
 
@@ -78,6 +79,8 @@ pub struct Plan {
     pub request: RequestView,
     /// Per candidate, what the index matched (blocks, confirmed, offloaded).
     pub matches: Vec<PrefixMatch>,
+    /// Prompt tokens the pick must compute ([`Self::uncached_tokens`]).
+    uncached_tokens: u64,
 }
 
 impl Plan {
@@ -86,10 +89,11 @@ impl Plan {
         &self.endpoints[0]
     }
 
-    /// Uncached prompt tokens on the pick: the prefill work it was given.
+    /// Uncached prompt tokens on the pick: the prefill work it was given, as the cost model
+    /// counts it (tokens loaded from a slower tier are not computed under `load-time`
+    /// pricing).
     pub fn uncached_tokens(&self) -> u64 {
-        let pick = &self.candidates[self.ranking.pick()];
-        self.prefix.tokens.saturating_sub(pick.matched_tokens)
+        self.uncached_tokens
     }
 
     /// The user-facing breakdown (no prompt text).
@@ -111,6 +115,27 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
         in_flight_prefill_tokens: s.in_flight_prefill_tokens,
         in_flight_prefilling: s.in_flight_prefilling,
     }
+}
+
+/// `m`'s blocks held only in CPU memory and only on slower media, in tokens (whole blocks of
+/// `block` tokens, within the `prompt`'s held prefix), with the tiers' load costs.
+fn offloaded(
+    m: &PrefixMatch,
+    block: u64,
+    prompt: u64,
+    tiers: &KvTiersConfig,
+    bytes_per_token: f64,
+) -> [TierHold; 2] {
+    let held = (u64::from(m.blocks) * block).min(prompt);
+    let offloaded = (u64::from(m.offloaded_blocks) * block).min(held);
+    let cpu = (u64::from(m.cpu_blocks) * block).min(offloaded);
+    let hold = |tokens: u64, tier: &crate::config::KvTierConfig| TierHold {
+        tokens,
+        bytes_per_token,
+        bytes_per_s: tier.bytes_per_s(),
+        latency_ms: tier.latency_ms,
+    };
+    [hold(cpu, &tiers.cpu), hold(offloaded - cpu, &tiers.other)]
 }
 
 /// Computes where `request` would go under `state`, reading `tables`, committing nothing.
@@ -219,6 +244,7 @@ pub(crate) fn plan(
     // Without subscriptions every endpoint's entries are predictions: nothing to ask.
     let events = state.kv_events().then_some(&tables.events);
     let weights = &config.kv_events.medium_weights;
+    let kv_bytes_per_token = state.kv_bytes_per_token(&base_model) as f64;
     let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
     let learning = &config.load.learning;
     let scrape = &config.load.scrape;
@@ -277,6 +303,13 @@ pub(crate) fn plan(
                 .min(prefix.tokens),
             confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
             held_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+            offloaded: offloaded(
+                m,
+                block,
+                prefix.tokens,
+                &state.kv_tiers(&ep.pool),
+                kv_bytes_per_token,
+            ),
             prefill_tokens_per_s: speed,
             engine,
             ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
@@ -303,7 +336,11 @@ pub(crate) fn plan(
         .chain(unhealthy.iter().cloned())
         .take(keep)
         .collect();
+    let uncached_tokens = state
+        .cost
+        .compute_tokens(&view, &candidates[ranking.pick()]);
     Ok(Plan {
+        uncached_tokens,
         endpoints,
         policy: state.policy.name(),
         prefix,

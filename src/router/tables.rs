@@ -121,7 +121,8 @@ impl Tables {
     }
 
     /// Sets each endpoint's index capacity from its KV capacity: configured, else what its
-    /// engine reports (`vllm:cache_config_info`), in blocks of its (first) model's block size.
+    /// engine reports (`vllm:cache_config_info`), plus its pool's slower tiers'
+    /// (`kv_tiers.*.capacity_tokens`), in blocks of its (first) model's block size.
     pub(crate) fn apply_capacities(&self, state: &RouterState) {
         for ep in self.registry.snapshot().all() {
             self.apply_capacity(ep, state);
@@ -139,9 +140,11 @@ impl Tables {
                 .and_then(|s| s.capacity_tokens)
                 .map(|t| state.config.cache_index.clamp_engine_capacity(t))
         };
-        let Some(tokens) = ep.cache_capacity_tokens.or_else(scraped) else {
+        let Some(gpu) = ep.cache_capacity_tokens.or_else(scraped) else {
             return;
         };
+        // Blocks offloaded to slower tiers stay findable there: remember them too.
+        let tokens = gpu.saturating_add(state.kv_tiers(&ep.pool).capacity_tokens());
         let model = ep.models.first().map(String::as_str).unwrap_or("");
         let block = u64::from(state.tokenizers.block_size_tokens(model).max(1));
         let _ = self

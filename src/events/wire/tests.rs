@@ -278,12 +278,12 @@ fn malformed_messages_are_errors_naming_what_is_wrong() {
                         "BlockStored".into(),
                         uints(&[1]),
                         V::Nil,
-                        uints(&[]),
+                        uints(&[7, 8]),
                         0.into(),
                     ])]),
                 ])),
             ],
-            "block_size: must be > 0",
+            "block_size: must be > 0 when token_ids are given",
         ),
         (
             vec![
