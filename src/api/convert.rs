@@ -51,6 +51,8 @@ fn candidate_to_pb(c: &CandidateRow) -> pb::CandidateRow {
         cpu_tokens: c.cpu_tokens,
         slower_tier_tokens: c.slower_tier_tokens,
         tier_load_ms: c.tier_load_ms,
+        cpu_tier_gb_per_s: c.cpu_tier_gb_per_s,
+        cpu_tier_bandwidth_source: c.cpu_tier_bandwidth_source.clone(),
     }
 }
 
@@ -94,6 +96,8 @@ pub fn explanation_from_pb(e: pb::Explanation) -> Explanation {
                 cpu_tokens: c.cpu_tokens,
                 slower_tier_tokens: c.slower_tier_tokens,
                 tier_load_ms: c.tier_load_ms,
+                cpu_tier_gb_per_s: c.cpu_tier_gb_per_s,
+                cpu_tier_bandwidth_source: c.cpu_tier_bandwidth_source,
             })
             .collect(),
         stale_signals: e.stale_signals,
@@ -248,6 +252,8 @@ mod tests {
                 cpu_tokens: 16,
                 slower_tier_tokens: 0,
                 tier_load_ms: 1.25,
+                cpu_tier_gb_per_s: 20.0,
+                cpu_tier_bandwidth_source: "configured".into(),
             }],
             stale_signals: true,
             unhealthy: vec!["127.0.0.1:3".into()],

@@ -29,6 +29,13 @@
 //! router, a slow host. Its EWMA is added to the endpoint's predictions, clamped to
 //! `0..=max_residual_ms`. Without new samples it decays (halving every `residual_half_life_ms`),
 //! so an endpoint that stopped getting traffic because it looked slow is tried again.
+//!
+//! The **CPU tier's load bandwidth** comes from the engine itself: vLLM's offloading connector
+//! counts the bytes it moved and the time the transfers took (`kv_offload_total_bytes`,
+//! `kv_offload_total_time`, `CPU_to_GPU`). Between two scrapes, one sample is
+//! `Δbytes / Δseconds`, taken when at least [`MIN_LOAD_SAMPLE_BYTES`] moved; samples are
+//! averaged (EWMA, `alpha`) and replace the pool's `kv_tiers.cpu.bandwidth_gb_per_s` after
+//! `min_samples`.
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -76,7 +83,13 @@ struct State {
     speed: Ewma,
     /// Fades between samples (`residual_half_life_ms`).
     residual: Ewma,
+    /// CPU tier load bandwidth, bytes per second.
+    cpu_load: Ewma,
 }
+
+/// A CPU-tier bandwidth sample needs at least this many bytes loaded between two scrapes
+/// (1 MiB: a few blocks; smaller transfers measure setup time, not bandwidth).
+pub const MIN_LOAD_SAMPLE_BYTES: f64 = 1_048_576.0;
 
 /// One endpoint's learned speed and residual. Updated once per response, read per decision.
 #[derive(Debug, Default)]
@@ -140,6 +153,29 @@ impl Learned {
         s.residual
             .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
             .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+    }
+
+    /// Learns the CPU tier's bandwidth from `bytes` loaded in `seconds` of transfers since the
+    /// previous scrape; returns the sample taken, bytes per second.
+    pub fn observe_cpu_load(&self, bytes: f64, seconds: f64, cfg: &LearningConfig) -> Option<f64> {
+        let measurable = bytes >= MIN_LOAD_SAMPLE_BYTES && seconds > 0.0;
+        if !cfg.enabled || !measurable {
+            return None;
+        }
+        let sample = bytes / seconds;
+        if !sample.is_finite() {
+            return None;
+        }
+        self.state.lock().cpu_load.add(sample, cfg.alpha);
+        Some(sample)
+    }
+
+    /// The CPU tier's learned load bandwidth, bytes per second, once `min_samples` were taken.
+    pub fn cpu_load_bytes_per_s(&self, cfg: &LearningConfig) -> Option<f64> {
+        if !cfg.enabled {
+            return None;
+        }
+        self.state.lock().cpu_load.trusted(cfg.min_samples)
     }
 
     /// What was learned, as of `now`.
@@ -229,6 +265,31 @@ mod tests {
             Observed::default()
         );
         assert_eq!(learned.prefill_tokens_per_s(&off), None);
+    }
+
+    #[test]
+    fn cpu_tier_bandwidth_is_learned_from_the_engines_transfer_counters() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        // 20 MB in 1 ms of transfers: 20 GB/s; trusted after min_samples.
+        for i in 0..cfg.min_samples {
+            assert_eq!(learned.cpu_load_bytes_per_s(&cfg), None, "sample {i}");
+            assert_eq!(learned.observe_cpu_load(20e6, 1e-3, &cfg), Some(20e9));
+        }
+        assert_eq!(learned.cpu_load_bytes_per_s(&cfg), Some(20e9));
+        // Too little moved, no time, nonsense: no sample.
+        for (bytes, s) in [(1000.0, 1e-6), (20e6, 0.0), (f64::NAN, 1.0), (20e6, -1.0)] {
+            assert_eq!(
+                learned.observe_cpu_load(bytes, s, &cfg),
+                None,
+                "{bytes} {s}"
+            );
+        }
+        let off = LearningConfig {
+            enabled: false,
+            ..cfg
+        };
+        assert_eq!(learned.cpu_load_bytes_per_s(&off), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -68,6 +68,12 @@ pub struct CandidateRow {
     /// Time the engine takes to load the offloaded ones back (`pools[].kv_tiers`), ms.
     #[serde(default)]
     pub tier_load_ms: f64,
+    /// The CPU tier's load bandwidth used, GB/s.
+    #[serde(default)]
+    pub cpu_tier_gb_per_s: f64,
+    /// Where it comes from: `learned` (the engine's transfer counters) or `configured`.
+    #[serde(default)]
+    pub cpu_tier_bandwidth_source: String,
 }
 
 /// Why a request goes where it goes.
@@ -140,6 +146,8 @@ impl Explanation {
                     cpu_tokens: c.offloaded[0].tokens,
                     slower_tier_tokens: c.offloaded[1].tokens,
                     tier_load_ms: c.offloaded.iter().map(|t| t.load_ms()).sum(),
+                    cpu_tier_gb_per_s: c.offloaded[0].bytes_per_s / 1e9,
+                    cpu_tier_bandwidth_source: signals.cpu_tier_bandwidth.to_string(),
                 }
             })
             .collect();

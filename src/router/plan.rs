@@ -43,6 +43,9 @@ pub struct CandidateSignals {
     pub cache_source: &'static str,
     /// Why events are not the whole truth there (`gap`, `restart`, `silent`...), if they are not.
     pub cache_reason: Option<&'static str>,
+    /// The CPU tier's load bandwidth's origin: `learned` (the engine's transfer counters) or
+    /// `configured` (`pools[].kv_tiers.cpu`).
+    pub cpu_tier_bandwidth: &'static str,
 }
 
 impl CandidateSignals {
@@ -118,24 +121,29 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
 }
 
 /// `m`'s blocks held only in CPU memory and only on slower media, in tokens (whole blocks of
-/// `block` tokens, within the `prompt`'s held prefix), with the tiers' load costs.
+/// `block` tokens, within the `prompt`'s held prefix), with the tiers' load costs: the CPU
+/// tier at its `learned` bandwidth (bytes per second) when there is one.
 fn offloaded(
     m: &PrefixMatch,
     block: u64,
     prompt: u64,
     tiers: &KvTiersConfig,
+    learned: Option<f64>,
     bytes_per_token: f64,
 ) -> [TierHold; 2] {
     let held = (u64::from(m.blocks) * block).min(prompt);
     let offloaded = (u64::from(m.offloaded_blocks) * block).min(held);
     let cpu = (u64::from(m.cpu_blocks) * block).min(offloaded);
-    let hold = |tokens: u64, tier: &crate::config::KvTierConfig| TierHold {
+    let hold = |tokens: u64, tier: &crate::config::KvTierConfig, bytes_per_s: f64| TierHold {
         tokens,
         bytes_per_token,
-        bytes_per_s: tier.bytes_per_s(),
+        bytes_per_s,
         latency_ms: tier.latency_ms,
     };
-    [hold(cpu, &tiers.cpu), hold(offloaded - cpu, &tiers.other)]
+    [
+        hold(cpu, &tiers.cpu, learned.unwrap_or(tiers.cpu.bytes_per_s())),
+        hold(offloaded - cpu, &tiers.other, tiers.other.bytes_per_s()),
+    ]
 }
 
 /// Computes where `request` would go under `state`, reading `tables`, committing nothing.
@@ -276,6 +284,7 @@ pub(crate) fn plan(
             }
             None => (SourceState::Absent.source(), None),
         };
+        let cpu_learned = ep.load.learned.cpu_load_bytes_per_s(learning);
         signals.push(CandidateSignals {
             engine: if scraped {
                 engine_signal.as_str()
@@ -291,6 +300,11 @@ pub(crate) fn plan(
             trial,
             cache_source,
             cache_reason,
+            cpu_tier_bandwidth: if cpu_learned.is_some() {
+                "learned"
+            } else {
+                "configured"
+            },
         });
         candidates.push(CandidateView {
             address: ep.address,
@@ -308,6 +322,7 @@ pub(crate) fn plan(
                 block,
                 prefix.tokens,
                 &state.kv_tiers(&ep.pool),
+                cpu_learned,
                 kv_bytes_per_token,
             ),
             prefill_tokens_per_s: speed,

@@ -521,6 +521,8 @@ pools:
             capacity_tokens: capacity,
             block_size_tokens: Some(16),
             lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
             scraped_at: Instant::now(),
         }
     }
