@@ -16,8 +16,13 @@
 //! A sample only means "prefill speed" when prefill dominated the wait, so it is taken only when:
 //! the request was served by the endpoint it was routed to (no retry), `work` is at least
 //! `min_sample_tokens` (small requests measure fixed costs: HTTP, scheduling, one decode step),
-//! `ttft > fixed`, and the engine's scraped queue was empty at decision time (a request that
-//! waited for a batch slot behind long decodes measured the decodes, not the prefill). Samples are
+//! `ttft > fixed`, the engine's scraped queue was empty at decision time (a request that
+//! waited for a batch slot behind long decodes measured the decodes, not the prefill), and
+//! the request loaded none of its prefix from a slower tier (its first byte waited for the
+//! transfer and then for the engine's next step to notice it: on the offload benchmark at
+//! 20 GB/s, such samples, a few hundred computed tokens over a step's wait, dragged three
+//! identical A100-class replicas' learned speeds to 9.4k-14.8k tokens/s where the same traffic
+//! priced with the flat weight learned 26k-31k, and the slow-looking replicas were avoided). Samples are
 //! clamped to `[min_prefill_tokens_per_s, max_prefill_tokens_per_s]` and averaged (EWMA, `alpha`);
 //! the learned speed replaces the configured one after `min_samples` samples. Small requests
 //! still understate the speed somewhat (their fixed costs are in the denominator); that bias is
@@ -54,6 +59,8 @@ pub struct TtftContext {
     pub predicted_ms: f64,
     /// The engine's scraped waiting requests at decision time, if fresh.
     pub engine_waiting: Option<u64>,
+    /// Part of the prefix was to be loaded from a slower tier (no speed sample then).
+    pub tier_load: bool,
 }
 
 /// The samples one observation produced.
@@ -76,6 +83,8 @@ pub struct LearnedSnapshot {
     pub ttft_residual_ms: f64,
     /// Residual samples so far.
     pub residual_samples: u64,
+    /// The CPU tier's learned load bandwidth, GB/s, once trusted.
+    pub cpu_load_gb_per_s: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -116,7 +125,11 @@ impl Learned {
         let mut out = Observed::default();
         let prefill_ms = ttft_ms - ctx.fixed_ms;
         let queued_for_slot = ctx.engine_waiting.is_some_and(|w| w > 0);
-        if ctx.work_tokens >= cfg.min_sample_tokens.max(1) && prefill_ms > 0.0 && !queued_for_slot {
+        if ctx.work_tokens >= cfg.min_sample_tokens.max(1)
+            && prefill_ms > 0.0
+            && !queued_for_slot
+            && !ctx.tier_load
+        {
             let speed = (ctx.work_tokens as f64 / (prefill_ms / 1e3))
                 .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s);
             out.speed_tokens_per_s = Some(speed);
@@ -189,6 +202,7 @@ impl Learned {
             speed_samples,
             ttft_residual_ms: self.ttft_residual_ms(cfg, now),
             residual_samples,
+            cpu_load_gb_per_s: self.cpu_load_bytes_per_s(cfg).map(|b| b / 1e9),
         }
     }
 }
@@ -204,6 +218,7 @@ mod tests {
             fixed_ms: 5.0,
             predicted_ms,
             engine_waiting: Some(0),
+            tier_load: false,
         }
     }
 
@@ -244,6 +259,17 @@ mod tests {
                 .speed_tokens_per_s,
             None,
             "waited for a batch slot"
+        );
+        let loaded = TtftContext {
+            tier_load: true,
+            ..ctx(2000, 0.0)
+        };
+        assert_eq!(
+            learned
+                .observe(&loaded, 900.0, &cfg, now)
+                .speed_tokens_per_s,
+            None,
+            "waited for a transfer from a slower tier"
         );
         assert_eq!(
             learned

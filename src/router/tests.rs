@@ -708,6 +708,7 @@ pools:
             fixed_ms: 0.0,
             predicted_ms: 200.0,
             engine_waiting: None,
+            tier_load: false,
         };
         for i in 0..cfg.load.learning.min_samples {
             let plan = plan_now(&r, &req, NONE).unwrap();

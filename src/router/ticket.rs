@@ -199,6 +199,7 @@ pub(super) fn commit(
             fixed_ms: state.cost.fixed_ms(c) + p.load_ms,
             predicted_ms: p.ttft_ms - p.residual_ms,
             engine_waiting: c.engine.map(|e| e.waiting_requests),
+            tier_load: p.load_ms > 0.0,
         }
     };
     tables.arrivals.record(&plan.model, Instant::now());
