@@ -167,6 +167,7 @@ impl Config {
         }
 
         self.validate_models(&mut errors);
+        self.validate_kv_tiers(&mut errors);
         self.validate_tenancy(&mut errors);
         if self.cache_index.default_capacity_blocks == 0 {
             errors.push("cache_index.default_capacity_blocks", "must be > 0");

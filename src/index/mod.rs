@@ -100,6 +100,9 @@ pub struct PrefixMatch {
     pub confirmed_blocks: u32,
     /// Of the confirmed, blocks held only on a medium slower than GPU.
     pub offloaded_blocks: u32,
+    /// Of the offloaded, blocks held in CPU memory (the rest are only on slower media: disk,
+    /// a remote store).
+    pub cpu_blocks: u32,
 }
 
 impl PrefixMatch {
@@ -459,15 +462,15 @@ impl OwnershipIndex {
                     if m.blocks != block {
                         return; // stopped at an earlier block
                     }
-                    let Some((confirmed, offloaded)) = h.state(now) else {
+                    let Some(media) = h.state(now) else {
                         return;
                     };
-                    {
-                        m.blocks += 1;
-                        m.confirmed_blocks += u32::from(confirmed);
-                        m.offloaded_blocks += u32::from(offloaded);
-                        extended = true;
-                    }
+                    let offloaded = media != 0 && media & Medium::Gpu.bit() == 0;
+                    m.blocks += 1;
+                    m.confirmed_blocks += u32::from(media != 0);
+                    m.offloaded_blocks += u32::from(offloaded);
+                    m.cpu_blocks += u32::from(offloaded && media & Medium::Cpu.bit() != 0);
+                    extended = true;
                 };
                 visit(first);
                 more.iter().for_each(visit);

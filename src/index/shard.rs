@@ -12,7 +12,7 @@
 
 use hashbrown::HashTable;
 
-use super::{EndpointId, Medium};
+use super::EndpointId;
 
 /// Endpoint ids use the low 24 bits of a holder's word.
 pub(crate) const MAX_ENDPOINT_ID: EndpointId = (1 << 24) - 1;
@@ -83,16 +83,13 @@ impl Holder {
         self.confirmed() || self.predicted_until_ms() > now_ms
     }
 
-    /// At `now_ms`, when live: (confirmed, offloaded); from one read of the word.
+    /// At `now_ms`, when live: the media the engine confirmed it on (0: only predicted); from
+    /// one read of the word.
     #[inline]
-    pub(crate) fn state(&self, now_ms: u64) -> Option<(bool, bool)> {
+    pub(crate) fn state(&self, now_ms: u64) -> Option<u8> {
         let w = self.word();
-        let media = (w >> MEDIA_SHIFT) & 0b111;
-        let confirmed = media != 0;
-        (confirmed || w >> UNTIL_SHIFT > now_ms).then_some((
-            confirmed,
-            confirmed && media & u64::from(Medium::Gpu.bit()) == 0,
-        ))
+        let media = ((w >> MEDIA_SHIFT) & 0b111) as u8;
+        (media != 0 || w >> UNTIL_SHIFT > now_ms).then_some(media)
     }
 }
 
@@ -283,6 +280,7 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::Medium;
 
     #[test]
     fn holders_pack_into_twelve_bytes_and_records_into_twenty_four() {
@@ -296,15 +294,18 @@ mod tests {
         assert_eq!(x.endpoint(), MAX_ENDPOINT_ID);
         assert_eq!(x.predicted_until_ms(), 100);
         assert!(x.confirmed() && x.live(1000));
-        assert_eq!(x.state(1000), Some((true, true)), "offloaded");
+        assert_eq!(x.state(1000), Some(Medium::Cpu.bit()), "offloaded");
         x.set_media(Medium::Cpu.bit() | Medium::Gpu.bit());
-        assert_eq!(x.state(1 << 30), Some((true, false)));
+        assert_eq!(
+            x.state(1 << 30),
+            Some(Medium::Cpu.bit() | Medium::Gpu.bit())
+        );
         let mut y = Holder::new(3, 0);
         assert_eq!(y.state(0), None);
         y.set_predicted_until_ms(10);
-        assert_eq!((y.state(9), y.state(10)), (Some((false, false)), None));
+        assert_eq!((y.state(9), y.state(10)), (Some(0), None), "predicted only");
         y.set_media(Medium::Other.bit());
-        assert_eq!(y.state(10), Some((true, true)));
+        assert_eq!(y.state(10), Some(Medium::Other.bit()));
         x.set_predicted_until_ms(u64::MAX);
         assert_eq!(x.predicted_until_ms(), MAX_UNTIL_MS, "saturates");
         assert_eq!((x.endpoint(), x.slot), (MAX_ENDPOINT_ID, 7));

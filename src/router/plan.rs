@@ -13,13 +13,13 @@ use super::explain::Explanation;
 use super::state::RouterState;
 use super::tables::Tables;
 use super::{RouteContext, RouteError};
-use crate::config::{Config, EngineKind};
+use crate::config::{Config, EngineKind, KvTiersConfig};
 use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
 use crate::load::{EngineSignal, LoadSnapshot};
-use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
+use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
 
@@ -42,6 +42,9 @@ pub struct CandidateSignals {
     pub cache_source: &'static str,
     /// Why events are not the whole truth there (`gap`, `restart`, `silent`...), if they are not.
     pub cache_reason: Option<&'static str>,
+    /// The CPU tier's load bandwidth's origin: `learned` (the engine's transfer counters) or
+    /// `configured` (`pools[].kv_tiers.cpu`).
+    pub cpu_tier_bandwidth: &'static str,
 }
 
 impl CandidateSignals {
@@ -78,6 +81,8 @@ pub struct Plan {
     pub request: RequestView,
     /// Per candidate, what the index matched (blocks, confirmed, offloaded).
     pub matches: Vec<PrefixMatch>,
+    /// Prompt tokens the pick must compute ([`Self::uncached_tokens`]).
+    uncached_tokens: u64,
 }
 
 impl Plan {
@@ -86,10 +91,11 @@ impl Plan {
         &self.endpoints[0]
     }
 
-    /// Uncached prompt tokens on the pick: the prefill work it was given.
+    /// Uncached prompt tokens on the pick: the prefill work it was given, as the cost model
+    /// counts it (tokens loaded from a slower tier are not computed under `load-time`
+    /// pricing).
     pub fn uncached_tokens(&self) -> u64 {
-        let pick = &self.candidates[self.ranking.pick()];
-        self.prefix.tokens.saturating_sub(pick.matched_tokens)
+        self.uncached_tokens
     }
 
     /// The user-facing breakdown (no prompt text).
@@ -163,10 +169,37 @@ pub(super) fn load_view(
         matched_tokens: 0,
         confirmed_tokens: 0,
         held_tokens: 0,
+        offloaded: Default::default(),
         prefill_tokens_per_s: prefill_speed(ep, config).0,
         engine: engine_view(ep, config, now).2,
         ttft_residual_ms: ep.load.learned.ttft_residual_ms(&config.load.learning, now),
     }
+}
+
+/// `m`'s blocks held only in CPU memory and only on slower media, in tokens (whole blocks of
+/// `block` tokens, within the `prompt`'s held prefix), with the tiers' load costs: the CPU
+/// tier at its `learned` bandwidth (bytes per second) when there is one.
+fn offloaded(
+    m: &PrefixMatch,
+    block: u64,
+    prompt: u64,
+    tiers: &KvTiersConfig,
+    learned: Option<f64>,
+    bytes_per_token: f64,
+) -> [TierHold; 2] {
+    let held = (u64::from(m.blocks) * block).min(prompt);
+    let offloaded = (u64::from(m.offloaded_blocks) * block).min(held);
+    let cpu = (u64::from(m.cpu_blocks) * block).min(offloaded);
+    let hold = |tokens: u64, tier: &crate::config::KvTierConfig, bytes_per_s: f64| TierHold {
+        tokens,
+        bytes_per_token,
+        bytes_per_s,
+        latency_ms: tier.latency_ms,
+    };
+    [
+        hold(cpu, &tiers.cpu, learned.unwrap_or(tiers.cpu.bytes_per_s())),
+        hold(offloaded - cpu, &tiers.other, tiers.other.bytes_per_s()),
+    ]
 }
 
 /// Computes where `request` would go under `state`, reading `tables`, committing nothing.
@@ -277,6 +310,7 @@ pub(crate) fn plan(
     // Without subscriptions every endpoint's entries are predictions: nothing to ask.
     let events = state.kv_events().then_some(&tables.events);
     let weights = &config.kv_events.medium_weights;
+    let kv_bytes_per_token = state.kv_bytes_per_token(&base_model) as f64;
     let learning = &config.load.learning;
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
@@ -290,6 +324,7 @@ pub(crate) fn plan(
             }
             None => (SourceState::Absent.source(), None),
         };
+        let cpu_learned = ep.load.learned.cpu_load_bytes_per_s(learning);
         signals.push(CandidateSignals {
             engine: if scraped {
                 engine_signal.as_str()
@@ -305,6 +340,11 @@ pub(crate) fn plan(
             trial,
             cache_source,
             cache_reason,
+            cpu_tier_bandwidth: if cpu_learned.is_some() {
+                "learned"
+            } else {
+                "configured"
+            },
         });
         candidates.push(CandidateView {
             address: ep.address,
@@ -317,6 +357,14 @@ pub(crate) fn plan(
                 .min(prefix.tokens),
             confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
             held_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+            offloaded: offloaded(
+                m,
+                block,
+                prefix.tokens,
+                &state.kv_tiers(&ep.pool),
+                cpu_learned,
+                kv_bytes_per_token,
+            ),
             prefill_tokens_per_s: speed,
             engine,
             ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
@@ -343,7 +391,11 @@ pub(crate) fn plan(
         .chain(unhealthy.iter().cloned())
         .take(keep)
         .collect();
+    let uncached_tokens = state
+        .cost
+        .compute_tokens(&view, &candidates[ranking.pick()]);
     Ok(Plan {
+        uncached_tokens,
         endpoints,
         policy: state.policy.name(),
         prefix,

@@ -89,6 +89,7 @@ async fn predicted_room_counts_prompts_in_prefill_in_the_endpoints_own_time() {
             fixed_ms: 0.0,
             predicted_ms: f64::NAN,
             engine_waiting: Some(0),
+            tier_load: false,
         };
         slow.load
             .learned

@@ -574,6 +574,8 @@ pools:
             capacity_tokens: capacity,
             block_size_tokens: Some(16),
             lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
             scraped_at: Instant::now(),
         }
     }
@@ -759,6 +761,7 @@ pools:
             fixed_ms: 0.0,
             predicted_ms: 200.0,
             engine_waiting: None,
+            tier_load: false,
         };
         for i in 0..cfg.load.learning.min_samples {
             let plan = plan_now(&r, &req, NONE).unwrap();

@@ -244,9 +244,11 @@ pub(super) fn commit(
         let p = state.cost.predict(&plan.request, c);
         TtftContext {
             work_tokens: c.load.in_flight_prefill_tokens + uncached_tokens,
-            fixed_ms: state.cost.fixed_ms(c),
+            // The load from a slower tier is not prefill: keep it out of the speed sample.
+            fixed_ms: state.cost.fixed_ms(c) + p.load_ms,
             predicted_ms: p.ttft_ms - p.residual_ms,
             engine_waiting: c.engine.map(|e| e.waiting_requests),
+            tier_load: p.load_ms > 0.0,
         }
     };
     tables.arrivals.record(&plan.model, Instant::now());

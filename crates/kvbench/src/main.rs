@@ -44,7 +44,8 @@ enum Command {
         #[arg(long = "replica", required = true)]
         replicas: Vec<std::net::SocketAddr>,
     },
-    /// Print a built-in plan (quick, full, smoke, validate, replay, flow) to start your own from.
+    /// Print a built-in plan (quick, full, smoke, validate, replay, flow, routers, offload) to start
+    /// your own from.
     Plan {
         /// Preset name.
         #[arg(default_value = "quick")]
@@ -78,7 +79,8 @@ struct ReplayArgs {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// A built-in plan (quick, full, smoke, validate, replay, flow, routers) or a plan YAML file.
+    /// A built-in plan (quick, full, smoke, validate, replay, flow, routers, offload) or a plan YAML
+    /// file.
     #[arg(long, default_value = "quick")]
     plan: String,
     /// Output directory.
@@ -122,7 +124,7 @@ fn main() -> ExitCode {
             Some(text) => print!("{text}"),
             None => {
                 eprintln!(
-                    "kvbench: no built-in plan {name:?} (quick, full, smoke, validate, replay, flow)"
+                    "kvbench: no built-in plan {name:?} (quick, full, smoke, validate, replay, flow, routers, offload)"
                 );
                 return ExitCode::from(2);
             }

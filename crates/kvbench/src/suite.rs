@@ -244,6 +244,12 @@ fn replica_spec(
             spec = spec.flag(flag, v);
         }
     }
+    if let Some(blocks) = group.cpu_offload_blocks {
+        spec = spec.flag("cpu-offload-blocks", blocks);
+        if let Some(bw) = group.cpu_offload_gb_per_s {
+            spec = spec.flag("cpu-offload-gb-per-s", bw);
+        }
+    }
     if let Some(dir) = tokenizer {
         spec = spec.flag("tokenizer", dir.display());
     }
