@@ -38,6 +38,7 @@ mod interner;
 mod lru;
 mod pages;
 mod shard;
+mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,7 @@ use parking_lot::{Mutex, RwLock};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use interner::{EndpointInterner, IdCounts, IdLease};
 pub(crate) use pages::Pages;
+pub(crate) use table::{RecordTable, MAX_RECORDS};
 
 use lru::EndpointLru;
 use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
