@@ -98,7 +98,11 @@ fn main() {
         "endpoints", "round", "p50 us", "p99 us", "p99.9 us"
     );
     let only = arg("--endpoints", 0);
-    let sizes: Vec<usize> = if only > 0 { vec![only] } else { vec![8, 64, 256] };
+    let sizes: Vec<usize> = if only > 0 {
+        vec![only]
+    } else {
+        vec![8, 64, 256]
+    };
     for endpoints in sizes {
         let (router, addrs) = router(endpoints);
         // Each endpoint routes the prompt once (a subset hint of just that endpoint), so each

@@ -94,6 +94,7 @@ impl<S: BuildHasher> RecordTable<S> {
     }
 
     /// Entries held.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -278,7 +279,9 @@ mod tests {
     fn stays_between_seventy_and_eighty_eight_percent_full() {
         let mut t = RecordTable::new();
         assert_eq!((t.len(), t.heap_bytes()), (0, 0), "allocates nothing empty");
-        let keys: Vec<u64> = (0..1_000_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let keys: Vec<u64> = (0..1_000_000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
         let mut lowest = 1.0f64;
         for (i, &k) in keys.iter().enumerate() {
             t.insert_unique(k, i as u32, key_of(&keys));
@@ -290,7 +293,11 @@ mod tests {
         }
         assert!(lowest > 0.69, "lowest load {lowest}");
         // With a keyed hash the longest run stays far below what a slot encodes.
-        assert!(t.longest_distance() < MAX_DISTANCE / 2, "{}", t.longest_distance());
+        assert!(
+            t.longest_distance() < MAX_DISTANCE / 2,
+            "{}",
+            t.longest_distance()
+        );
         for (i, &k) in keys.iter().enumerate().step_by(997) {
             assert_eq!(t.find(k, key_of(&keys)), Some(i as u32));
         }
@@ -316,7 +323,11 @@ mod tests {
         for (i, &k) in keys.iter().enumerate() {
             t.insert_unique(k, i as u32, key_of(&keys));
         }
-        assert_eq!(t.longest_distance(), MAX_DISTANCE, "the run fills up to the limit");
+        assert_eq!(
+            t.longest_distance(),
+            MAX_DISTANCE,
+            "the run fills up to the limit"
+        );
         assert_eq!(t.overflow.len(), 200 - MAX_DISTANCE as usize - 1);
         for (i, &k) in keys.iter().enumerate() {
             assert_eq!(t.find(k, key_of(&keys)), Some(i as u32), "{k}");
@@ -387,7 +398,10 @@ mod tests {
         }
     }
 
-    fn same_as_a_map<S: BuildHasher>(mut t: RecordTable<S>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    fn same_as_a_map<S: BuildHasher>(
+        mut t: RecordTable<S>,
+        ops: Vec<Op>,
+    ) -> Result<(), TestCaseError> {
         {
             // Records: value -> key; a removed record's number is not reused (as with pages of
             // records that swap_remove, the moved one is re-pointed with `replace`).
