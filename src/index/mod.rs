@@ -122,7 +122,7 @@ pub struct IndexOptions {
     /// How long a prediction counts unless confirmed. Default 120 s.
     pub prediction_ttl: Duration,
     /// Shards of the block map (rounded up to a power of two, at most [`MAX_SHARDS`]). Each
-    /// holds at most 2^26 blocks (fewer past 64 shards: 2^32 / shards). Default 64.
+    /// holds at most 2^24 blocks (fewer past 256 shards: 2^32 / shards). Default 64.
     pub shards: usize,
 }
 
@@ -200,7 +200,7 @@ impl OwnershipIndex {
     /// An empty index.
     pub fn new(options: IndexOptions, clock: Arc<dyn Clock>) -> OwnershipIndex {
         let n = options.shards.clamp(1, MAX_SHARDS).next_power_of_two();
-        let record_bits = (32 - n.trailing_zeros()).min(26);
+        let record_bits = (32 - n.trailing_zeros()).min(24);
         OwnershipIndex {
             shards: (0..n)
                 .map(|_| RwLock::new(Shard::new(1 << record_bits)))
