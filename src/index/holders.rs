@@ -337,7 +337,8 @@ impl HolderList {
         &self.holders
     }
 
-    fn position(&self, e: EndpointId) -> Option<usize> {
+    /// Index of `e`'s holder in [`Self::holders`], if it has one.
+    pub(crate) fn position(&self, e: EndpointId) -> Option<usize> {
         match &self.summary {
             Some(s) => s.rank(e),
             None => self.holders.binary_search_by_key(&e, Holder::endpoint).ok(),
@@ -358,17 +359,28 @@ impl HolderList {
         f: impl FnOnce(&mut Holder),
     ) -> Option<(Holder, Holder)> {
         let i = self.position(e)?;
+        Some(self.update_at(i, now, f))
+    }
+
+    /// Applies `f` to the holder at `i` (a [`Self::position`]; it must keep its endpoint);
+    /// returns it before and after.
+    pub(crate) fn update_at(
+        &mut self,
+        i: usize,
+        now: u64,
+        f: impl FnOnce(&mut Holder),
+    ) -> (Holder, Holder) {
         let was = self.holders[i];
         f(&mut self.holders[i]);
         let is = self.holders[i];
-        debug_assert_eq!(is.endpoint(), e);
+        debug_assert_eq!(is.endpoint(), was.endpoint());
         if let Some(s) = &mut self.summary {
             s.set(&is, now);
             if now >= s.min_until {
                 s.refresh(&self.holders, now);
             }
         }
-        Some((was, is))
+        (was, is)
     }
 
     /// Adds a holder for an endpoint that has none.

@@ -82,6 +82,13 @@ impl OwnershipIndex {
             }
             let at = |id: usize| position[id] as usize;
             for w in lo..=hi {
+                if next[w] == alive[w]
+                    && next_confirmed[w] == confirmed[w]
+                    && next_offloaded[w] == offloaded[w]
+                {
+                    // Everyone here extends, as they were (a shared prefix, block after block).
+                    continue;
+                }
                 // Runs that end here: confirmed (offloaded) from `since` to this block.
                 each_bit(w, confirmed[w] & !next_confirmed[w], |id| {
                     out[at(id)].confirmed_blocks += block - confirmed_since[at(id)];

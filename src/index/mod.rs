@@ -54,7 +54,7 @@ pub(crate) use table::{RecordTable, MAX_RECORDS};
 
 use holders::{Holder, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
 use lru::EndpointLru;
-use shard::{Full, Shard};
+use shard::{Full, Shard, Upsert};
 
 use crate::config::CacheIndexConfig;
 
@@ -339,22 +339,21 @@ impl OwnershipIndex {
             {
                 let s = self.shard_of(hash);
                 let mut shard = self.shards[s].write();
-                match shard.update(hash, endpoint, now, &update) {
-                    Some((was, is)) => {
+                let mut reserved = None;
+                let new = || Holder::new(endpoint, *reserved.insert(lru.reserve()));
+                match shard.upsert(hash, endpoint, now, &update, new) {
+                    Ok(Upsert::Updated { was, is }) => {
                         lru.confirmed += usize::from(!was.confirmed() && is.confirmed());
                         lru.touch(is.slot);
                     }
-                    None => {
-                        let slot = lru.reserve();
-                        let mut h = Holder::new(endpoint, slot);
-                        update(&mut h);
-                        match shard.add(hash, h, now) {
-                            Ok(record) => {
-                                lru.link_front(slot, self.record_name(s, record));
-                                lru.confirmed += usize::from(h.confirmed());
-                            }
-                            // The shard holds all the blocks it can name: this one is not kept.
-                            Err(Full) => lru.release(slot),
+                    Ok(Upsert::Added { record, holder }) => {
+                        lru.link_front(holder.slot, self.record_name(s, record));
+                        lru.confirmed += usize::from(holder.confirmed());
+                    }
+                    // The shard holds all the blocks it can name: this one is not kept.
+                    Err(Full) => {
+                        if let Some(slot) = reserved {
+                            lru.release(slot);
                         }
                     }
                 }

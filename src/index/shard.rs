@@ -65,6 +65,15 @@ impl Block<'_> {
     }
 }
 
+/// What [`Shard::upsert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Upsert {
+    /// The endpoint held the block: its holder before and after.
+    Updated { was: Holder, is: Holder },
+    /// The endpoint holds it now: the block's record and the new holder.
+    Added { record: u32, holder: Holder },
+}
+
 /// The shard has as many records as its record numbers can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full;
@@ -162,20 +171,76 @@ impl Shard {
         }
     }
 
-    /// Adds a holder of `hash` for an endpoint that has none; returns the block's record.
-    pub(crate) fn add(&mut self, hash: u64, holder: Holder, now: u64) -> Result<u32, Full> {
-        debug_assert!(holder.slot <= MAX_SLOT);
+    /// Applies `f` to `endpoint`'s holder of `hash`, or to a new one from `new` (the endpoint
+    /// must be `endpoint`'s) that it adds: one search either way, where an update and then an
+    /// add searched twice for every new block.
+    pub(crate) fn upsert(
+        &mut self,
+        hash: u64,
+        endpoint: EndpointId,
+        now: u64,
+        f: impl FnOnce(&mut Holder),
+        new: impl FnOnce() -> Holder,
+    ) -> Result<Upsert, Full> {
         let Some(i) = self.find(hash) else {
-            let i = self.new_record(Record {
-                hash: [hash as u32, (hash >> 32) as u32],
-                first: holder,
-            })?;
-            let records = &self.records;
-            self.table
-                .insert_unique(hash, i, |j| records[j as usize].hash());
-            self.entries += 1;
-            return Ok(i);
+            let mut h = new();
+            f(&mut h);
+            let record = self.add_block(hash, h)?;
+            return Ok(Upsert::Added { record, holder: h });
         };
+        let r = &mut self.records[i];
+        match r.list() {
+            Some(l) => {
+                if let Some(at) = self.lists[l].position(endpoint) {
+                    let (was, is) = self.lists[l].update_at(at, now, f);
+                    return Ok(Upsert::Updated { was, is });
+                }
+            }
+            None if r.first.endpoint() == endpoint => {
+                let was = r.first;
+                f(&mut r.first);
+                return Ok(Upsert::Updated { was, is: r.first });
+            }
+            None => {}
+        }
+        let mut h = new();
+        f(&mut h);
+        self.add_holder(i, hash, h, now);
+        Ok(Upsert::Added {
+            record: i as u32,
+            holder: h,
+        })
+    }
+
+    /// Adds a holder of `hash` for an endpoint that has none; returns the block's record.
+    #[cfg(test)]
+    pub(crate) fn add(&mut self, hash: u64, holder: Holder, now: u64) -> Result<u32, Full> {
+        match self.find(hash) {
+            None => self.add_block(hash, holder),
+            Some(i) => {
+                self.add_holder(i, hash, holder, now);
+                Ok(i as u32)
+            }
+        }
+    }
+
+    /// A new block, held by `holder`; returns its record.
+    fn add_block(&mut self, hash: u64, holder: Holder) -> Result<u32, Full> {
+        debug_assert!(holder.slot <= MAX_SLOT);
+        let i = self.new_record(Record {
+            hash: [hash as u32, (hash >> 32) as u32],
+            first: holder,
+        })?;
+        let records = &self.records;
+        self.table
+            .insert_unique(hash, i, |j| records[j as usize].hash());
+        self.entries += 1;
+        Ok(i)
+    }
+
+    /// Adds `holder` to block `i` (of `hash`), which its endpoint does not hold yet.
+    fn add_holder(&mut self, i: usize, hash: u64, holder: Holder, now: u64) {
+        debug_assert!(holder.slot <= MAX_SLOT);
         match self.records[i].list() {
             Some(l) => self.lists[l].insert(holder, now),
             None => {
@@ -194,7 +259,6 @@ impl Shard {
             }
         }
         self.entries += 1;
-        Ok(i as u32)
     }
 
     fn new_record(&mut self, record: Record) -> Result<u32, Full> {
