@@ -142,6 +142,24 @@ impl Learned {
             .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
     }
 
+    /// [`Self::prefill_tokens_per_s`] and [`Self::ttft_residual_ms`] under one lock: what a
+    /// decision asks of every candidate (hundreds of them at 256 endpoints).
+    pub fn for_decision(&self, cfg: &LearningConfig, now: Instant) -> (Option<f64>, f64) {
+        if !cfg.enabled {
+            return (None, 0.0);
+        }
+        let s = self.state.lock();
+        let speed = s.speed.trusted(cfg.min_samples);
+        let residual = if cfg.ttft_residual {
+            s.residual
+                .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
+                .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+        } else {
+            0.0
+        };
+        (speed, residual)
+    }
+
     /// What was learned, as of `now`.
     pub fn snapshot(&self, cfg: &LearningConfig, now: Instant) -> LearnedSnapshot {
         let (speed_samples, residual_samples) = {

@@ -18,7 +18,7 @@ use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
-use crate::load::LoadSnapshot;
+use crate::load::{EngineSignal, LoadSnapshot};
 use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
@@ -227,7 +227,14 @@ pub(crate) fn plan(
     let mut candidates = Vec::with_capacity(eligible.len());
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
         let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-        let engine_signal = ep.load.engine.signal(now, staleness);
+        // One load of the sample for its signal and its age, one lock for what was learned:
+        // this loop runs for every candidate.
+        let last = ep.load.engine.last();
+        let engine_age_ms = last
+            .as_ref()
+            .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64);
+        let engine_signal = EngineSignal::of(last, now, staleness);
+        let (learned_speed, ttft_residual_ms) = ep.load.learned.for_decision(learning, now);
         let engine = engine_signal
             .fresh()
             .filter(|_| scraped)
@@ -236,7 +243,7 @@ pub(crate) fn plan(
                 running_requests: s.running_requests,
                 kv_cache_usage: s.kv_cache_usage,
             });
-        let (speed, speed_source) = match ep.load.learned.prefill_tokens_per_s(learning) {
+        let (speed, speed_source) = match learned_speed {
             Some(v) => (v, "learned"),
             None => match ep.prefill_tokens_per_s {
                 Some(v) => (v, "configured"),
@@ -256,11 +263,7 @@ pub(crate) fn plan(
             } else {
                 "not-scraped"
             },
-            engine_age_ms: ep
-                .load
-                .engine
-                .last()
-                .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+            engine_age_ms,
             prefill_speed: speed_source,
             trial,
             cache_source,
@@ -279,7 +282,7 @@ pub(crate) fn plan(
             held_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
             prefill_tokens_per_s: speed,
             engine,
-            ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+            ttft_residual_ms,
         });
     }
     let view = RequestView {
