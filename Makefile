@@ -65,7 +65,7 @@ clean:
 test-vllm: envoy
 	KVROUTER_ENVOY=$(abspath $(ENVOY)) ./scripts/test-vllm.sh
 
-.PHONY: bench bench-full bench-validate bench-replay bench-flow bench-routers
+.PHONY: bench bench-full bench-validate bench-replay bench-flow bench-routers bench-offload
 
 ## The quick policy benchmark (kvbench, see docs/bench.md): 5 report seeds per cell, verdicts with
 ## confidence intervals; report in bench-out/quick/report.md. BENCH_ARGS passes more flags, e.g.
@@ -85,10 +85,16 @@ bench-full: release envoy tokenizers
 	target/release/kvbench run --plan full --out bench-out/full \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
-## Flow control on against off under 2x overload (issue 17): 5 report seeds, about 9 minutes;
+## Flow control on against off under 2x overload (issue 17): 5 report seeds, about 12 minutes;
 ## report in bench-out/flow/report.md.
 bench-flow: release envoy tokenizers
 	target/release/kvbench run --plan flow --out bench-out/flow --no-overhead \
+		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
+
+## KV in a CPU offload tier: load-time pricing against the flat weight and the peers, 5 report
+## seeds (docs/bench.md, "An offload tier"); report in bench-out/offload/report.md.
+bench-offload: release envoy tokenizers
+	target/release/kvbench run --plan offload --out bench-out/offload --no-overhead \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 
 ## A small plan that checks the bench's machinery (5 tuning seeds, 2 workloads, 3 policies).

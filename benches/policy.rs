@@ -35,6 +35,7 @@ fn candidates(n: usize) -> Vec<CandidateView> {
                 matched_tokens: ((h >> 11) % 257) * 16,
                 confirmed_tokens: ((h >> 11) % 257) * 8,
                 held_tokens: ((h >> 11) % 257) * 16,
+                offloaded: Default::default(),
                 prefill_tokens_per_s: 8_000.0 + ((h >> 20) % 8) as f64 * 4_000.0,
                 engine: (h % 3 != 0).then_some(EngineLoad {
                     waiting_requests: (h >> 23) % 8,

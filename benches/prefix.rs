@@ -102,6 +102,28 @@ fn bench_prefix(c: &mut Criterion) {
             black_box(warm.identify(&request, &ns).block_hashes.len())
         })
     });
+    // As routing identifies it (`defer_tokenizing_after` 0.5, the default): the new user turn
+    // after the cached system prompt is left for after the decision.
+    g.bench_function("identify_for_routing_cached_system_prompt", |b| {
+        let ns = Namespace::new("smollm2", None, None);
+        b.iter(|| {
+            let i = next();
+            let request = ParsedRequest {
+                api: ApiKind::ChatCompletions,
+                model: Cow::Borrowed("smollm2"),
+                stream: false,
+                max_tokens: None,
+                cache_salt: None,
+                prompt: Prompt::Chat(vec![
+                    message("system", system.clone()),
+                    message("user", user(i)),
+                ]),
+            };
+            let id = warm.identify_for_routing(&request, &ns, None);
+            assert!(id.deferred.is_some());
+            black_box(id.block_hashes.len())
+        })
+    });
     g.finish();
 
     // How the cached case scales with the new text: the same cached system prompt, a new user
@@ -117,6 +139,16 @@ fn bench_prefix(c: &mut Criterion) {
                 let i = next();
                 let m = [message("system", system.clone()), message("user", turn(i))];
                 black_box(t_warm.tokenize_chat(&m).unwrap().ids.len())
+            })
+        });
+        // The same, deferring the new turn as routing does (`defer_tokenizing_after` 0.5).
+        g.bench_function(format!("{words}_words_deferred"), |b| {
+            b.iter(|| {
+                let i = next();
+                let m = [message("system", system.clone()), message("user", turn(i))];
+                let tokens = t_warm.tokenize_chat_deferring(&m, None, Some(0.5)).unwrap();
+                assert!(tokens.deferred.is_some());
+                black_box(tokens.ids.len())
             })
         });
     }

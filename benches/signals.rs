@@ -24,6 +24,7 @@ fn exposition(c: &mut Criterion) {
         block_size: 16,
         num_gpu_blocks: 31_250,
         max_loras: 0,
+        offload_bytes: None,
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# First-figure router overhead: the same light load through (a) Envoy alone and (b) Envoy +
-# kvrouter, to two simulated replicas whose clock runs 1000x fast (a near-zero-latency backend). Needs `wrk` (Debian: apt-get install wrk)
-# and release binaries (`make release envoy`). Usage: scripts/overhead.sh [seconds] [connections]
+# First-figure router overhead: the same light load through (a) Envoy alone, (b) Envoy +
+# kvrouter and (c) Envoy + a null endpoint picker (`kvbench null-extproc`: the same ext_proc
+# messages, no work; what the protocol itself costs), to two simulated replicas whose clock runs
+# 1000x fast (a near-zero-latency backend). Needs `wrk` (Debian: apt-get install wrk) and
+# release binaries (`make release envoy`). Usage: scripts/overhead.sh [seconds] [connections]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -30,6 +32,8 @@ LUA
 
 "$BIN/kvsim" --fleet "$DIR/fleet.yaml" > /dev/null 2> "$DIR/kvsim.log" & pids+=($!)
 "$BIN/kvrouter" serve -c "$DIR/kvrouter.yaml" > /dev/null 2> "$DIR/kvrouter.log" & pids+=($!)
+"$BIN/kvbench" null-extproc --listen 127.0.0.1:18312 --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 \
+  > /dev/null 2> "$DIR/null.log" & pids+=($!)
 for u in http://127.0.0.1:18301/health http://127.0.0.1:18302/health http://127.0.0.1:18311/readyz; do
   for _ in $(seq 100); do curl -fs -o /dev/null "$u" && break; sleep 0.1; done
 done
@@ -37,17 +41,25 @@ done
   --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/alone.yaml"
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18330 --admin 127.0.0.1:18331 --extproc 127.0.0.1:18310 \
   --eds "$DIR/eds.json" > "$DIR/with.yaml"
+"$BIN/kvrouter" envoy-config --listen 127.0.0.1:18340 --admin 127.0.0.1:18341 --extproc 127.0.0.1:18312 \
+  --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/null.yaml"
 "$ENVOY" -c "$DIR/alone.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 11 > "$DIR/e1.log" 2>&1 & pids+=($!)
 "$ENVOY" -c "$DIR/with.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 12 > "$DIR/e2.log" 2>&1 & pids+=($!)
-for u in http://127.0.0.1:18321/ready http://127.0.0.1:18331/ready; do
+"$ENVOY" -c "$DIR/null.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 13 > "$DIR/e3.log" 2>&1 & pids+=($!)
+for u in http://127.0.0.1:18321/ready http://127.0.0.1:18331/ready http://127.0.0.1:18341/ready; do
   for _ in $(seq 100); do curl -fs -o /dev/null "$u" && break; sleep 0.1; done
 done
+# pids: 0 kvsim, 1 kvrouter, 2 null picker, 3 Envoy alone, 4 Envoy + kvrouter, 5 Envoy + null.
 
-# utime+stime ticks of kvsim, kvrouter and the Envoy with kvrouter.
+# utime+stime ticks of the given pids.
 cpu() {
-  for pid in "${pids[0]}" "${pids[1]}" "${pids[3]}"; do
+  for pid in "$@"; do
     awk '{print $14 + $15}' "/proc/$pid/stat"
   done | tr '\n' ' '
+}
+# CPU seconds between two `cpu` readings.
+spent() {
+  paste <(echo "$1" | tr ' ' '\n') <(echo "$2" | tr ' ' '\n') | awk -v hz="$(getconf CLK_TCK)" 'NF == 2 {printf "%.2f ", ($2-$1)/hz} END {print ""}'
 }
 
 run() {
@@ -61,11 +73,16 @@ echo "== direct to a replica"
 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$DIR/post.lua" http://127.0.0.1:18301/v1/chat/completions \
   | grep -E "Requests/sec|Latency |50%|99%|Non-2xx"
 run "Envoy alone" 18320
-before=$(cpu)
+before=$(cpu "${pids[0]}" "${pids[1]}" "${pids[4]}")
 run "Envoy + kvrouter" 18330
-after=$(cpu)
+after=$(cpu "${pids[0]}" "${pids[1]}" "${pids[4]}")
 echo "== CPU seconds during the Envoy + kvrouter run (kvsim kvrouter envoy):"
-paste <(echo "$before" | tr ' ' '\n') <(echo "$after" | tr ' ' '\n') | awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f ", ($2-$1)/hz} END {print ""}'
+spent "$before" "$after"
+before=$(cpu "${pids[0]}" "${pids[2]}" "${pids[5]}")
+run "Envoy + null picker" 18340
+after=$(cpu "${pids[0]}" "${pids[2]}" "${pids[5]}")
+echo "== CPU seconds during the Envoy + null picker run (kvsim picker envoy):"
+spent "$before" "$after"
 echo "== kvrouter decision time"
 curl -s http://127.0.0.1:18331/stats | grep -E "ext_proc.kvrouter\.(streams_started|streams_closed|failure_mode_allowed|message_timeouts|stream_msgs_sent|spurious)|upstream_rq_2xx|downstream_rq_2xx"
 curl -s http://127.0.0.1:18311/metrics | grep -E "^kvrouter_decision_duration_seconds_(sum|count)|^kvrouter_streams"

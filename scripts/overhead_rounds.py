@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Repeats scripts/overhead.sh and reports medians with 95% bootstrap intervals.
 
-One round of overhead.sh measures Envoy alone and then Envoy + kvrouter on the same machine a few
-seconds apart; on a noisy 2-core machine one round is not a verdict, so this runs several rounds
-and summarises the paired differences (added p50/p99 latency, kept requests/s).
+One round of overhead.sh measures Envoy alone, Envoy + kvrouter and Envoy + a null endpoint
+picker (the ext_proc protocol with no work behind it) on the same machine a few seconds apart;
+on a noisy 2-core machine one round is not a verdict, so this runs several rounds and summarises
+the paired differences (added p50/p99 latency, kept requests/s), for kvrouter and for the null
+picker, and kvrouter against the null picker (its own share of the hop).
 
 Usage: scripts/overhead_rounds.py [rounds] [seconds] [connections...]
   e.g. scripts/overhead_rounds.py 5 10 1 8   (needs `make release envoy` and wrk)
@@ -61,35 +63,53 @@ def main():
     conns = sys.argv[3:] or ["1", "8"]
     rows = []
     for c in conns:
-        alone, with_, added50, added99, kept = [], [], [], [], []
+        alone, with_, null, added50, added99, kept = [], [], [], [], [], []
+        null99, null_kept, over_null99, over_null_kept = [], [], [], []
         for r in range(rounds):
             out = subprocess.run(
                 [str(ROOT / "scripts/overhead.sh"), secs, c],
                 cwd=ROOT, capture_output=True, text=True, check=True,
             ).stdout
             s = parse(out)
-            a, w = s["Envoy alone"], s["Envoy + kvrouter"]
-            if a["non2xx"] or w["non2xx"]:
-                sys.exit(f"round {r} c={c}: non-2xx answers (alone {a['non2xx']}, with {w['non2xx']})")
+            a, w, n = s["Envoy alone"], s["Envoy + kvrouter"], s["Envoy + null picker"]
+            if a["non2xx"] or w["non2xx"] or n["non2xx"]:
+                sys.exit(f"round {r} c={c}: non-2xx answers (alone {a['non2xx']}, with "
+                         f"{w['non2xx']}, null {n['non2xx']})")
             alone.append(a)
             with_.append(w)
+            null.append(n)
             added50.append(w["p50"] - a["p50"])
             added99.append(w["p99"] - a["p99"])
             kept.append(w["rps"] / a["rps"])
+            null99.append(n["p99"] - a["p99"])
+            null_kept.append(n["rps"] / a["rps"])
+            over_null99.append(w["p99"] - n["p99"])
+            over_null_kept.append(w["rps"] / n["rps"])
             print(f"c={c} round {r + 1}/{rounds}: alone p50 {a['p50']:.2f} p99 {a['p99']:.2f} ms "
                   f"{a['rps']:.0f}/s; with kvrouter p50 {w['p50']:.2f} p99 {w['p99']:.2f} ms "
-                  f"{w['rps']:.0f}/s", flush=True)
-        rows.append((c, alone, with_, added50, added99, kept))
+                  f"{w['rps']:.0f}/s; with the null picker p50 {n['p50']:.2f} p99 {n['p99']:.2f} "
+                  f"ms {n['rps']:.0f}/s", flush=True)
+        rows.append((c, alone, with_, null, added50, added99, kept, null99, null_kept,
+                     over_null99, over_null_kept))
     print()
     print(f"{rounds} rounds of {secs} s per arm; medians over rounds [95% bootstrap interval]")
     print("| c | Envoy alone p50 / p99 ms | req/s | + kvrouter p50 / p99 ms | req/s "
           "| added p50 ms | added p99 ms | req/s kept |")
     print("|---|---|---|---|---|---|---|---|")
-    for c, alone, with_, added50, added99, kept in rows:
-        med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+    med = lambda xs, k: statistics.median(x[k] for x in xs)  # noqa: E731
+    for c, alone, with_, _, added50, added99, kept, *_ in rows:
         print(f"| {c} | {med(alone, 'p50'):.2f} / {med(alone, 'p99'):.2f} | {med(alone, 'rps'):.0f} "
               f"| {med(with_, 'p50'):.2f} / {med(with_, 'p99'):.2f} | {med(with_, 'rps'):.0f} "
               f"| {fmt(ci(added50))} | {fmt(ci(added99))} | {fmt(ci(kept))} |")
+    print()
+    print("The null picker (the ext_proc protocol alone), and kvrouter against it:")
+    print("| c | + null p50 / p99 ms | req/s | null: added p99 ms | null: req/s kept "
+          "| kvrouter over null: p99 ms | kvrouter / null req/s |")
+    print("|---|---|---|---|---|---|---|")
+    for c, _, _, null, _, _, _, null99, null_kept, over_null99, over_null_kept in rows:
+        print(f"| {c} | {med(null, 'p50'):.2f} / {med(null, 'p99'):.2f} | {med(null, 'rps'):.0f} "
+              f"| {fmt(ci(null99))} | {fmt(ci(null_kept))} | {fmt(ci(over_null99))} "
+              f"| {fmt(ci(over_null_kept))} |")
 
 
 if __name__ == "__main__":

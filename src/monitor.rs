@@ -177,9 +177,21 @@ async fn scrape_loop(
                 let eject = config.health.eject_on_scrape_failures;
                 match result {
                     Ok(sample) => {
-                        let capacity = sample.capacity_tokens;
+                        let capacity = (sample.capacity_tokens, sample.cpu_offload_bytes);
+                        let loaded = sample.cpu_loaded;
                         let previous = ep.load.engine.store(sample);
-                        if previous.and_then(|p| p.capacity_tokens) != capacity {
+                        if let (Some((b0, t0)), Some((b1, t1))) =
+                            (previous.as_ref().and_then(|p| p.cpu_loaded), loaded)
+                        {
+                            ep.load.learned.observe_cpu_load(
+                                b1 - b0,
+                                t1 - t0,
+                                &config.load.learning,
+                            );
+                        }
+                        if previous.map(|p| (p.capacity_tokens, p.cpu_offload_bytes))
+                            != Some(capacity)
+                        {
                             inputs.capacity.engine_capacity_changed(&ep);
                         }
                         if last_error.take().is_some() {

@@ -3,6 +3,7 @@
 //! router's prefix predictions.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use testkit::*;
 
@@ -200,4 +201,78 @@ async fn explain_via_the_admin_api_shows_the_holder_without_the_prompt() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no matched tokens in {line}"));
     assert!(matched >= 300, "{line}");
+}
+
+/// A conversation's second turn, routed on the prefix its first turn left: the first turn was
+/// decided before its question was tokenized (`defer_tokenizing_after`, on by default), and the
+/// question's blocks reached the pick's predictions only after the reply. The second turn's
+/// decision credits the pick with the system prompt AND that question, and the replica confirms
+/// the hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_first_turn_still_predicts_its_question_for_the_next_turn() {
+    let stack = stack("predicted-ttft").await;
+    let question = "Where is parcel 77 now, which depots has it passed through, and when did it \
+                    leave the last one? Please list every scan with its time and place.";
+    let first = serde_json::json!({
+        "model": MODEL, "max_tokens": 8,
+        "messages": [{"role": "system", "content": system_prompt()},
+                     {"role": "user", "content": question}],
+    });
+    let r1 = stack.post("/v1/chat/completions", first.to_string()).await;
+    assert_eq!(r1.status, 200, "{}", r1.body);
+    let answer = serde_json::from_str::<serde_json::Value>(&r1.body).unwrap()["choices"][0]
+        ["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let admin = stack.router.admin;
+    eventually(
+        "the first turn's new text tokenized",
+        Duration::from_secs(10),
+        || async move {
+            let m = router_metrics(admin).await;
+            (m.sum_where("kvrouter_deferred_tokenizings_total", "result", "finished") >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    let system_only = {
+        // What the system prompt alone holds in full blocks, as the second turn will count it.
+        let probe = serde_json::json!({
+            "model": MODEL, "max_tokens": 1,
+            "messages": [{"role": "system", "content": system_prompt()}],
+        });
+        let r = stack.post("/v1/chat/completions", probe.to_string()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.replica, r1.replica, "the system prompt's holder");
+        assert_in_flight_drains(admin).await;
+        cached_tokens(&r)
+    };
+
+    let matched_before = metric_sum(admin, "kvrouter_decision_matched_tokens_total").await;
+    let second = serde_json::json!({
+        "model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "system", "content": system_prompt()},
+                     {"role": "user", "content": question},
+                     {"role": "assistant", "content": answer},
+                     {"role": "user", "content": "Thanks. When will it arrive?"}],
+    });
+    let r2 = stack.post("/v1/chat/completions", second.to_string()).await;
+    assert_eq!(r2.status, 200, "{}", r2.body);
+    assert_eq!(
+        r2.replica, r1.replica,
+        "the conversation stays where its prefix is"
+    );
+    let matched =
+        metric_sum(admin, "kvrouter_decision_matched_tokens_total").await - matched_before;
+    assert!(
+        matched >= (system_only + 32) as f64,
+        "the pick was credited with the first question too: {matched} matched, the system \
+         prompt alone is {system_only}"
+    );
+    assert!(
+        cached_tokens(&r2) >= system_only + 32,
+        "the replica confirms the hit"
+    );
+    assert_in_flight_drains(admin).await;
 }

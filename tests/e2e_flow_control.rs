@@ -11,8 +11,9 @@ use testkit::*;
 /// Prompts carry this so the test can check no error body echoes prompt text.
 const MARKER: &str = "flow-control-private-prompt-text";
 
-/// One queue per test: up to 24 requests, 30 s of wait; no engine scraping, so a replica's
-/// room is the router's own count of requests without a first byte (at most one).
+/// One queue per test: up to 24 requests, 30 s of wait; the default (predicted) room: a stalled
+/// replica with a prompt in prefill has no room for another of the same size (the wait behind
+/// it is a whole prompt's prefill against a budget of half of one), an idle one takes one.
 const FLOW: &str = "\
 load: {scrape: {enabled: false}}
 flow_control:
@@ -20,7 +21,6 @@ flow_control:
   max_queue_requests: 24
   max_wait_ms: 30000
   retry_after_s: 2
-  room: {max_waiting_requests: 1}
   objectives:
     - {name: critical, priority: 1}
     - {name: sheddable, priority: -1}

@@ -435,7 +435,8 @@ async fn a_prefix_is_matched_where_it_lives_even_when_the_router_never_routed_it
         PrefixMatch {
             blocks: 6,
             confirmed_blocks: 6,
-            offloaded_blocks: 0
+            offloaded_blocks: 0,
+            cpu_blocks: 0,
         }
     );
     // Routed by the longest match, the request lands where its prefix is.

@@ -47,6 +47,12 @@ fn candidate_to_pb(c: &CandidateRow) -> pb::CandidateRow {
         cache_reason: c.cache_reason.clone(),
         predicted_ttft_ms: c.predicted_ttft_ms,
         score: c.score,
+        held_tokens: c.held_tokens,
+        cpu_tokens: c.cpu_tokens,
+        slower_tier_tokens: c.slower_tier_tokens,
+        tier_load_ms: c.tier_load_ms,
+        cpu_tier_gb_per_s: c.cpu_tier_gb_per_s,
+        cpu_tier_bandwidth_source: c.cpu_tier_bandwidth_source.clone(),
     }
 }
 
@@ -86,6 +92,12 @@ pub fn explanation_from_pb(e: pb::Explanation) -> Explanation {
                 cache_reason: c.cache_reason,
                 predicted_ttft_ms: c.predicted_ttft_ms,
                 score: c.score,
+                held_tokens: c.held_tokens,
+                cpu_tokens: c.cpu_tokens,
+                slower_tier_tokens: c.slower_tier_tokens,
+                tier_load_ms: c.tier_load_ms,
+                cpu_tier_gb_per_s: c.cpu_tier_gb_per_s,
+                cpu_tier_bandwidth_source: c.cpu_tier_bandwidth_source,
             })
             .collect(),
         stale_signals: e.stale_signals,
@@ -236,6 +248,12 @@ mod tests {
                 cache_reason: None,
                 predicted_ttft_ms: Some(12.5),
                 score: None,
+                held_tokens: 48,
+                cpu_tokens: 16,
+                slower_tier_tokens: 0,
+                tier_load_ms: 1.25,
+                cpu_tier_gb_per_s: 20.0,
+                cpu_tier_bandwidth_source: "configured".into(),
             }],
             stale_signals: true,
             unhealthy: vec!["127.0.0.1:3".into()],

@@ -90,12 +90,25 @@ impl Default for FlowControlConfig {
     }
 }
 
-/// The thresholds past which an endpoint has no room. An endpoint has room when every signal
-/// it has is under its threshold; the model's queue dispatches while the room left over all its
-/// healthy candidates, in prompt tokens, exceeds what was admitted but not yet routed.
+/// When an endpoint has room. Every threshold below applies in both modes (an endpoint over any
+/// of them has none); `mode` says whether the predicted wait applies too. The model's queue
+/// dispatches while the room left over all its healthy candidates exceeds what was admitted but
+/// not yet routed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoomConfig {
+    /// `predicted`: an endpoint also has room only while the time a request would wait there
+    /// before its own prefill (the `predicted-ttft` cost model's queue wait: prefill tokens in
+    /// flight over the endpoint's learned speed, the running requests' slow-down and the
+    /// learned TTFT residual) is within a budget, in requests of the endpoint's typical
+    /// prompt; an endpoint with no prompt in prefill always has room for one. `static`: the
+    /// thresholds alone. Default `predicted`.
+    pub mode: RoomMode,
+    /// Under `predicted`: the budget for a request without a `ttft_target_ms` is its predicted
+    /// TTFT at most this many times what a typical prompt of the endpoint takes there idle
+    /// (`base_ms` plus its prefill), so the wait may be `max_ttft_factor - 1` of it. With a
+    /// target, the budget is the target less that idle TTFT. Must be >= 1. Default 1.5.
+    pub max_ttft_factor: f64,
     /// Prompt tokens routed to one endpoint that have not produced a first byte yet (the
     /// router's own count: queued or prefilling there). Must be > 0. Default 16384.
     pub max_prefill_tokens: u64,
@@ -106,9 +119,22 @@ pub struct RoomConfig {
     pub max_kv_cache_usage: f64,
 }
 
+/// How an endpoint's room is judged (`flow_control.room.mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoomMode {
+    /// The thresholds and the predicted wait against its budget.
+    #[default]
+    Predicted,
+    /// The thresholds alone.
+    Static,
+}
+
 impl Default for RoomConfig {
     fn default() -> Self {
         Self {
+            mode: RoomMode::Predicted,
+            max_ttft_factor: 1.5,
             max_prefill_tokens: 16_384,
             max_waiting_requests: 8,
             max_kv_cache_usage: 0.95,
@@ -198,6 +224,13 @@ impl FlowControlConfig {
         if self.room.max_prefill_tokens == 0 {
             errors.push(format!("{p}.room.max_prefill_tokens"), "must be > 0");
         }
+        let factor = self.room.max_ttft_factor;
+        if !(factor.is_finite() && factor >= 1.0) {
+            errors.push(
+                format!("{p}.room.max_ttft_factor"),
+                format!("must be finite and >= 1 (got {factor})"),
+            );
+        }
         let kv = self.room.max_kv_cache_usage;
         if !(kv > 0.0 && kv <= 1.0) {
             errors.push(
@@ -241,7 +274,7 @@ impl FlowControlConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{Config, QueueOrdering};
+    use crate::config::{Config, QueueOrdering, RoomMode};
 
     fn errors(yaml: &str) -> Vec<String> {
         let base = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]\n";
@@ -267,6 +300,10 @@ mod tests {
             (
                 "flow_control: {room: {max_kv_cache_usage: 1.5}}",
                 "flow_control.room.max_kv_cache_usage: must be in (0, 1] (got 1.5)",
+            ),
+            (
+                "flow_control: {room: {max_ttft_factor: 0.9}}",
+                "flow_control.room.max_ttft_factor: must be finite and >= 1 (got 0.9)",
             ),
             (
                 "flow_control: {objective_header: 'X Y'}",
@@ -323,5 +360,8 @@ mod tests {
         let all: Config = serde_norway::from_str("flow_control: {ordering: edf}").unwrap();
         assert_eq!(all.flow_control.ordering_of(-7), QueueOrdering::Edf);
         assert!(serde_norway::from_str::<Config>("flow_control: {ordering: lifo}").is_err());
+        let room: Config = serde_norway::from_str("flow_control: {room: {mode: static}}").unwrap();
+        assert_eq!(room.flow_control.room.mode, RoomMode::Static);
+        assert!(serde_norway::from_str::<Config>("flow_control: {room: {mode: auto}}").is_err());
     }
 }

@@ -15,6 +15,7 @@ mod kv_events;
 mod load;
 mod policy;
 mod sharing;
+mod tiers;
 mod traces;
 mod validate;
 pub mod watch;
@@ -28,7 +29,8 @@ use serde::{Deserialize, Serialize};
 pub use admin::AdminConfig;
 pub use discovery::{DnsConfig, EngineKind, KubernetesConfig};
 pub use flow::{
-    BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig, UnmatchedLabels,
+    BandConfig, FlowControlConfig, ObjectiveConfig, QueueOrdering, RoomConfig, RoomMode,
+    UnmatchedLabels,
 };
 pub use health::{BreakerConfig, HealthConfig, ProbeConfig};
 pub use kv_events::{
@@ -37,11 +39,12 @@ pub use kv_events::{
 };
 pub use load::{LearningConfig, LoadConfig, ScrapeConfig};
 pub use policy::{
-    CacheLoadScoreConfig, LeastLoadedConfig, PolicyConfig, PolicyName, PredictedTtftConfig,
-    SaturationConfig, ScorerName, SglangConfig, TieBreakName, VllmKvAwareConfig,
-    VllmPrefixAwareConfig, WeightedScorer, WeightedScorersConfig,
+    CacheLoadScoreConfig, LeastLoadedConfig, OffloadPricing, PolicyConfig, PolicyName,
+    PredictedTtftConfig, SaturationConfig, ScorerName, SglangConfig, TieBreakName,
+    VllmKvAwareConfig, VllmPrefixAwareConfig, WeightedScorer, WeightedScorersConfig,
 };
 pub use sharing::SharingConfig;
+pub use tiers::{KvShape, KvTierConfig, KvTiersConfig, DEFAULT_KV_BYTES_PER_TOKEN};
 pub use traces::TracingConfig;
 pub use validate::ConfigError;
 
@@ -284,6 +287,22 @@ pub struct ModelConfig {
     /// estimate, as for `template_fuel`. Must be > 0. Default 67108864 (64 MiB, twice the
     /// default `routing.max_body_bytes`).
     pub max_rendered_prompt_bytes: u64,
+    /// Decide before the whole chat is tokenized, 0..=1: once this fraction of the rendered
+    /// prompt's bytes is tokenized (from the token cache, or just now), tokenizing stops at the
+    /// next segment (message) the cache does not hold. The decision counts the rest by
+    /// estimate; the rest is tokenized right after the reply (filling the cache and the pick's
+    /// predicted blocks), off the request's path. New text can match an engine's cache only
+    /// after a matching prefix, so the pick rarely changes, and a new user turn (~2 us a word
+    /// to tokenize) no longer delays the decision. Not for chats with media. 1 turns it off.
+    /// Default 0.5.
+    pub defer_tokenizing_after: f64,
+    /// Bytes of KV cache one token of this model takes (all layers, keys and values), for
+    /// pricing a load from a slower tier (`pools[].kv_tiers`). Set this or `kv_shape`, not
+    /// both. Must be > 0. Default: from `kv_shape`, else 131072 (Llama-3.1-8B in BF16).
+    pub kv_bytes_per_token: Option<u64>,
+    /// The model's KV geometry (`layers`, `kv_heads`, `head_dim`, `dtype_bytes`, from its
+    /// `config.json`), from which `kv_bytes_per_token` follows. Default: none.
+    pub kv_shape: Option<KvShape>,
 }
 
 impl Default for ModelConfig {
@@ -299,6 +318,9 @@ impl Default for ModelConfig {
             template_fuel: crate::prefix::template::DEFAULT_TEMPLATE_FUEL,
             max_rendered_prompt_bytes: crate::prefix::template::DEFAULT_MAX_RENDERED_PROMPT_BYTES
                 as u64,
+            defer_tokenizing_after: 0.5,
+            kv_bytes_per_token: None,
+            kv_shape: None,
         }
     }
 }
@@ -429,6 +451,10 @@ pub struct PoolConfig {
     /// which an objective's `required_labels` select on. An endpoint's own labels, and a
     /// Kubernetes pod's labels, add to and override these. Default: none.
     pub labels: BTreeMap<String, String>,
+    /// How fast the pool's engines load KV back from CPU memory and slower tiers, which
+    /// `predicted-ttft` charges for a prefix its KV events place there. Default: CPU 20 GB/s
+    /// and 1 ms, other tiers 3 GB/s and 5 ms.
+    pub kv_tiers: KvTiersConfig,
 }
 
 /// One model replica.

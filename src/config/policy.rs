@@ -275,6 +275,23 @@ pub struct PredictedTtftConfig {
     /// Predictions within this fraction of the best count as a tie, broken towards the lighter
     /// endpoint. Default 0.02.
     pub tie_tolerance: f64,
+    /// How prefix tokens the engine holds only in CPU memory or a slower tier (its KV events
+    /// say so) are priced: `load-time` charges the time the engine takes to load them back
+    /// (the tier's bytes over its bandwidth, `pools[].kv_tiers`); `medium-weights` counts each
+    /// as `kv_events.medium_weights` of a cached token (a flat discount, the earlier model).
+    /// Default `load-time`.
+    pub offload_pricing: OffloadPricing,
+}
+
+/// How `predicted-ttft` prices prefix tokens held outside GPU memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OffloadPricing {
+    /// Their load time: bytes over the tier's bandwidth, plus its latency.
+    #[default]
+    LoadTime,
+    /// A flat weight per medium (`kv_events.medium_weights`) of a cached token.
+    MediumWeights,
 }
 
 impl Default for PredictedTtftConfig {
@@ -288,6 +305,7 @@ impl Default for PredictedTtftConfig {
             eviction_weight: 0.0,
             engine_saturation: false,
             tie_tolerance: 0.02,
+            offload_pricing: OffloadPricing::LoadTime,
         }
     }
 }

@@ -167,6 +167,7 @@ impl Config {
         }
 
         self.validate_models(&mut errors);
+        self.validate_kv_tiers(&mut errors);
         self.validate_tenancy(&mut errors);
         if self.cache_index.default_capacity_blocks == 0 {
             errors.push("cache_index.default_capacity_blocks", "must be > 0");
@@ -219,6 +220,12 @@ impl Config {
             }
             if model.max_rendered_prompt_bytes == 0 {
                 errors.push(format!("{at}.max_rendered_prompt_bytes"), "must be > 0");
+            }
+            if !(0.0..=1.0).contains(&model.defer_tokenizing_after) {
+                errors.push(
+                    format!("{at}.defer_tokenizing_after"),
+                    "must be between 0 and 1",
+                );
             }
             for (field, value) in [
                 ("tokenizer", &model.tokenizer),
@@ -672,6 +679,10 @@ pools:
             (
                 "models: [{name: m, max_rendered_prompt_bytes: 0}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "models[0].max_rendered_prompt_bytes: must be > 0",
+            ),
+            (
+                "models: [{name: m, defer_tokenizing_after: 1.5}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "models[0].defer_tokenizing_after: must be between 0 and 1",
             ),
             (
                 "cache_index: {max_engine_capacity_tokens: 0}\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",

@@ -313,7 +313,8 @@ impl EngineBlocks {
         let m = slot(ev.medium);
         let e = ev.block_size as usize;
         let n = ev.block_hashes.len();
-        let has_tokens = ev.token_ids.len() == n.saturating_mul(e);
+        // A placeholder (no tokens, block size 0) can only add a medium to known blocks.
+        let has_tokens = e > 0 && ev.token_ids.len() == n.saturating_mul(e);
         let mut cursor = match ev.parent_block_hash {
             None => Cursor::Root,
             Some(p) => self.cursor_after(p),

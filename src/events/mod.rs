@@ -83,11 +83,14 @@ pub enum EventsError {
 }
 
 /// `m`'s matched blocks weighed by medium: GPU-resident and predicted blocks count `gpu`,
-/// blocks the engine holds only offloaded count `cpu` (the index does not tell CPU from slower
-/// media apart). In blocks, so multiply by the block size for tokens.
+/// blocks the engine holds only offloaded count `cpu` when in CPU memory and `other` when only
+/// on slower media. In blocks, so multiply by the block size for tokens.
 pub fn weighted_blocks(m: &PrefixMatch, weights: &MediumWeights) -> f64 {
     let offloaded = f64::from(m.offloaded_blocks);
-    (f64::from(m.blocks) - offloaded) * weights.gpu + offloaded * weights.cpu
+    let cpu = f64::from(m.cpu_blocks.min(m.offloaded_blocks));
+    (f64::from(m.blocks) - offloaded) * weights.gpu
+        + cpu * weights.cpu
+        + (offloaded - cpu) * weights.other
 }
 
 #[cfg(test)]
@@ -97,17 +100,21 @@ mod tests {
     #[test]
     fn offloaded_blocks_weigh_less() {
         let w = MediumWeights::default();
+        // (blocks, confirmed, offloaded, of those in CPU memory) -> weighted blocks.
         let cases = [
-            ((10, 10, 0), 10.0),
-            ((10, 10, 10), 8.0),
-            ((10, 4, 2), 9.6),
-            ((0, 0, 0), 0.0),
+            ((10, 10, 0, 0), 10.0),
+            ((10, 10, 10, 10), 8.0),
+            ((10, 4, 2, 2), 9.6),
+            ((10, 10, 10, 0), 5.0),
+            ((10, 10, 4, 2), 6.0 + 1.6 + 1.0),
+            ((0, 0, 0, 0), 0.0),
         ];
-        for ((blocks, confirmed_blocks, offloaded_blocks), expected) in cases {
+        for ((blocks, confirmed_blocks, offloaded_blocks, cpu_blocks), expected) in cases {
             let m = PrefixMatch {
                 blocks,
                 confirmed_blocks,
                 offloaded_blocks,
+                cpu_blocks,
             };
             assert!((weighted_blocks(&m, &w) - expected).abs() < 1e-9, "{m:?}");
         }

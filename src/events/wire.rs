@@ -67,9 +67,11 @@ pub struct BlockStored {
     /// sequence's block 0.
     pub parent_block_hash: Option<u64>,
     /// Token ids of all the new blocks (`block_size` per block). May be empty when the event
-    /// only reports a new medium for blocks already known (offloading).
+    /// only reports a new medium for blocks already known (vLLM's offloading connector
+    /// without `self_describing_kv_events`: no tokens, no parent, block size 0 or the
+    /// offloaded block size).
     pub token_ids: Vec<u32>,
-    /// Tokens per engine block.
+    /// Tokens per engine block (0 only in a placeholder without tokens).
     pub block_size: u32,
     /// vLLM's integer LoRA id (deprecated in favour of `lora_name`).
     pub lora_id: Option<i64>,
@@ -313,16 +315,19 @@ fn event(r: &mut Reader<'_>) -> Result<Event, WireError> {
             let block_size = fields
                 .block_size
                 .ok_or_else(|| missing("BlockStored", "block_size"))?;
-            if block_size == 0 {
+            let token_ids = fields.token_ids.unwrap_or_default();
+            // vLLM's offloading connector announces a new medium for blocks it already
+            // reported with a placeholder: no tokens and block size 0.
+            if block_size == 0 && !token_ids.is_empty() {
                 return Err(WireError::Invalid {
                     field: "block_size",
-                    message: "must be > 0",
+                    message: "must be > 0 when token_ids are given",
                 });
             }
             Event::Stored(BlockStored {
                 block_hashes,
                 parent_block_hash: fields.parent_block_hash,
-                token_ids: fields.token_ids.unwrap_or_default(),
+                token_ids,
                 block_size,
                 lora_id: fields.lora_id,
                 medium: fields.medium.unwrap_or(Medium::Gpu),

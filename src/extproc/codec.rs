@@ -2,27 +2,28 @@
 //! async workers only when they are small.
 //!
 //! A BUFFERED request body arrives as ONE gRPC message, up to `routing.max_body_bytes` (32 MiB).
-//! Decoding it copies the body into a fresh allocation (page faults included): ~10 ms of one
-//! async worker for a near-limit body, during which the streams that worker serves wait. Profiled
-//! under the flood bench (`cargo bench --bench flood`), prost's copy was the largest single stall
-//! of the workers. So a message longer than the stream's `routing.heavy_body_bytes` is taken out
-//! of tonic's buffer as it is (no copy) and decoded in the heavy lane ([`super::lanes`]), at the
-//! lowest CPU priority, queued behind the other heavy work. Smaller messages (every header
-//! message, normal bodies) decode in place as before.
+//! Gathering and decoding it copies the body twice (page faults included): ~10 ms of one async
+//! worker for a near-limit body, during which the streams that worker serves wait. Profiled
+//! under the flood bench (`cargo bench --bench flood`), these copies were the largest stalls of
+//! the workers. So a message longer than the stream's `routing.heavy_body_bytes` is taken off
+//! the wire as the frames h2 received ([`super::divert`]: no copy) and decoded in the heavy lane
+//! ([`super::lanes`]), at the lowest CPU priority, queued behind the other heavy work. Smaller
+//! messages (every header message, normal bodies) decode in place as before.
 //!
 //! The service is the generated `ExternalProcessorServer`'s, with this codec instead of
-//! `ProstCodec` (the generated one cannot take another codec).
+//! `ProstCodec` (the generated one cannot take another codec) and the request body wrapped.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::Buf;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::divert::{Chunks, Divert, Diverted};
 use super::ExtProc;
 
 /// The gRPC service name Envoy calls.
@@ -31,12 +32,16 @@ const SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
 
 /// One message from Envoy, as the codec delivered it.
+// Moved once per message, straight out of the codec: boxing the decoded message would cost an
+// allocation per message to save a move.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Inbound {
     /// Small: decoded where it arrived.
     Decoded(ProcessingRequest),
-    /// Longer than the stream's threshold: the encoded message, to decode off the workers.
-    Raw(Bytes),
+    /// Longer than the stream's threshold: the encoded message as it arrived, to decode off
+    /// the workers.
+    Raw(Chunks),
 }
 
 impl Inbound {
@@ -44,7 +49,7 @@ impl Inbound {
     pub fn decode(self) -> Result<ProcessingRequest, Status> {
         match self {
             Inbound::Decoded(msg) => Ok(msg),
-            Inbound::Raw(bytes) => ProcessingRequest::decode(bytes).map_err(decode_error),
+            Inbound::Raw(chunks) => ProcessingRequest::decode(chunks).map_err(decode_error),
         }
     }
 }
@@ -54,15 +59,16 @@ fn decode_error(error: prost::DecodeError) -> Status {
     Status::internal(error.to_string())
 }
 
-/// Decodes messages up to `raw_above` bytes in place and passes longer ones on raw.
-#[derive(Debug, Clone, Copy)]
+/// Decodes the messages that reach tonic in place, and hands on raw the long ones its stream's
+/// [`Divert`] body took off the wire.
+#[derive(Debug, Clone, Default)]
 pub struct InboundCodec {
-    raw_above: usize,
+    diverted: Diverted,
 }
 
 impl InboundCodec {
-    pub fn new(raw_above: usize) -> InboundCodec {
-        InboundCodec { raw_above }
+    pub fn new(diverted: Diverted) -> InboundCodec {
+        InboundCodec { diverted }
     }
 }
 
@@ -78,14 +84,18 @@ impl Codec for InboundCodec {
 
     fn decoder(&mut self) -> Self::Decoder {
         InboundDecoder {
-            raw_above: self.raw_above,
+            diverted: Arc::clone(&self.diverted),
+            next: 0,
         }
     }
 }
 
 #[derive(Debug)]
 pub struct InboundDecoder {
-    raw_above: usize,
+    diverted: Diverted,
+    /// The number of the message tonic hands over next (messages are numbered from 0 in the
+    /// order they arrived, as [`Divert`] numbers them).
+    next: u64,
 }
 
 impl Decoder for InboundDecoder {
@@ -93,16 +103,22 @@ impl Decoder for InboundDecoder {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Inbound>, Status> {
-        inbound(buf, self.raw_above).map(Some)
+        let n = self.next;
+        self.next += 1;
+        inbound(buf, n, &self.diverted).map(Some)
     }
 }
 
-/// The whole message in `buf`: decoded if at most `raw_above` bytes long, else taken as it is
-/// (`copy_to_bytes` of tonic's buffer splits it off without copying).
-fn inbound(buf: &mut impl Buf, raw_above: usize) -> Result<Inbound, Status> {
-    let len = buf.remaining();
-    if len > raw_above {
-        return Ok(Inbound::Raw(buf.copy_to_bytes(len)));
+/// Message `n`, whose bytes tonic has in `buf`: a diverted one (tonic then holds only its empty
+/// placeholder) is handed on raw, any other is decoded in place.
+fn inbound(buf: &mut impl Buf, n: u64, diverted: &Diverted) -> Result<Inbound, Status> {
+    {
+        let mut queue = diverted.lock();
+        if queue.front().is_some_and(|(m, _)| *m == n) {
+            let (_, chunks) = queue.pop_front().expect("front exists");
+            buf.advance(buf.remaining());
+            return Ok(Inbound::Raw(chunks));
+        }
     }
     ProcessingRequest::decode(buf)
         .map(Inbound::Decoded)
@@ -145,7 +161,8 @@ impl tonic::server::StreamingService<Inbound> for ProcessMethod {
 
 impl<B> Service<http::Request<B>> for ExtProcServer
 where
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -167,7 +184,9 @@ where
         Box::pin(async move {
             // Read per stream, so a reload of `routing.heavy_body_bytes` applies to new streams.
             let raw_above = inner.raw_above();
-            let mut grpc = tonic::server::Grpc::new(InboundCodec::new(raw_above))
+            let diverted = Diverted::default();
+            let req = req.map(|body| Divert::new(body, raw_above, max, Arc::clone(&diverted)));
+            let mut grpc = tonic::server::Grpc::new(InboundCodec::new(diverted))
                 .apply_max_message_size_config(Some(max), Some(max));
             Ok(grpc.streaming(ProcessMethod(inner), req).await)
         })
@@ -177,6 +196,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
     use envoy_types::pb::envoy::service::ext_proc::v3::HttpBody;
 
@@ -191,31 +211,46 @@ mod tests {
         }
     }
 
-    /// What the decoder makes of one whole encoded message.
-    fn decode_with(raw_above: usize, msg: &ProcessingRequest) -> Inbound {
-        inbound(&mut Bytes::from(msg.encode_to_vec()), raw_above).unwrap()
+    fn encoded(msg: &ProcessingRequest) -> Chunks {
+        Chunks::from(Bytes::from(msg.encode_to_vec()))
     }
 
     #[test]
-    fn small_messages_decode_in_place_and_long_ones_pass_raw_until_decoded() {
-        let small = body_message(100);
-        match decode_with(1024, &small) {
+    fn diverted_messages_come_up_raw_in_their_place_and_the_rest_decode_in_place() {
+        let (small, long) = (body_message(100), body_message(4096));
+        // Messages 0 and 2 were short; 1 was diverted, and tonic holds its empty placeholder.
+        let diverted = Diverted::default();
+        diverted.lock().push_back((1, encoded(&long)));
+        let mut decoder = InboundCodec::new(Arc::clone(&diverted)).decoder();
+        let mut decode = |bytes: Vec<u8>| {
+            let mut buf = Bytes::from(bytes);
+            let n = decoder.next;
+            decoder.next += 1;
+            inbound(&mut buf, n, &decoder.diverted).unwrap()
+        };
+        match decode(small.encode_to_vec()) {
             Inbound::Decoded(msg) => assert_eq!(msg, small),
-            Inbound::Raw(_) => panic!("a 100-byte body was not decoded in place"),
+            Inbound::Raw(_) => panic!("message 0 was not diverted"),
         }
-        let long = body_message(4096);
-        let inbound = decode_with(1024, &long);
-        match &inbound {
-            Inbound::Raw(bytes) => assert_eq!(bytes.len(), long.encoded_len()),
-            Inbound::Decoded(_) => panic!("a 4 KiB body was decoded on the worker"),
+        let raw = decode(Vec::new());
+        match &raw {
+            Inbound::Raw(chunks) => assert_eq!(chunks.remaining(), long.encoded_len()),
+            Inbound::Decoded(_) => {
+                panic!("the diverted message 1 was decoded from its placeholder")
+            }
         }
-        assert_eq!(inbound.decode().unwrap(), long);
+        assert_eq!(raw.decode().unwrap(), long);
+        match decode(small.encode_to_vec()) {
+            Inbound::Decoded(msg) => assert_eq!(msg, small),
+            Inbound::Raw(_) => panic!("message 2 was not diverted"),
+        }
+        assert!(diverted.lock().is_empty());
     }
 
     #[test]
     fn a_malformed_raw_message_is_an_internal_status_not_a_panic() {
         // Field 4 (request_body), length-delimited, claiming more bytes than follow.
-        let garbage = Bytes::from_static(&[0x22, 0xff, 0x01, 0x00]);
+        let garbage = Chunks::from(Bytes::from_static(&[0x22, 0xff, 0x01, 0x00]));
         let status = Inbound::Raw(garbage).decode().unwrap_err();
         assert_eq!(status.code(), tonic::Code::Internal);
     }

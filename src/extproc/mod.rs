@@ -11,7 +11,8 @@
 
 mod budget;
 mod codec;
-mod envoy;
+mod divert;
+pub mod envoy;
 pub mod inflight;
 mod lanes;
 mod reject;

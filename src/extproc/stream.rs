@@ -469,6 +469,7 @@ impl Stream {
             let request_id = self.request_id.clone();
             let abandoned = Abandoned::default();
             let gone = Arc::clone(&abandoned.0);
+            let echoes = self.echoes(slot);
             let joined = lanes::run(heavy, move || {
                 // Envoy may have given up on the request while it queued for its lane (client
                 // gone, message timeout): then the stream's future was dropped, and tokenizing
@@ -478,6 +479,11 @@ impl Stream {
                     return (pending, Ok(None));
                 }
                 let result = decide_and_salt(&router, &mut pending, &request_id);
+                // A body that goes back neither echoed nor salted is freed here, in its lane:
+                // unmapping a big one costs an async worker as much as touching it did.
+                if !echoes && !matches!(result, Ok(Some((_, true)))) {
+                    drop(std::mem::take(&mut pending.chunks));
+                }
                 (pending, result)
             })
             .await;
@@ -492,9 +498,7 @@ impl Stream {
             (pending, result)
         };
 
-        let echo = slot == Slot::RequestHeaders
-            && self.request_mode == BodySendMode::FullDuplexStreamed
-            && !pending.chunks.is_empty();
+        let echo = self.echoes(slot) && !pending.chunks.is_empty();
         let mut out = Vec::with_capacity(if echo { pending.chunks.len() + 2 } else { 1 });
         match result {
             Ok(Some((decision, salted))) => {
@@ -525,6 +529,11 @@ impl Stream {
                     uncached_tokens = decision.plan.uncached_tokens(),
                     "routed"
                 );
+                if let Some(rest) = decision.rest {
+                    // The new text after the cached prefix the decision used: tokenized and
+                    // predicted on the pick once the reply is on its way.
+                    tokio::spawn(lanes::run(false, move || rest.finish()));
+                }
                 self.table.insert(id, decision.ticket);
                 self.phase = Phase::Picked { id: Some(id) };
             }
@@ -555,6 +564,11 @@ impl Stream {
             out.push(envoy::continue_(Slot::RequestTrailers));
         }
         out
+    }
+
+    /// Whether the routing reply in `slot` is followed by the body echoed back (full duplex).
+    fn echoes(&self, slot: Slot) -> bool {
+        slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed
     }
 
     fn on_response_headers(

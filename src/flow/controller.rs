@@ -12,8 +12,8 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::metrics::FlowMetrics;
-use super::queue::{Entry, FlowDepth, ModelQueue};
-use super::{Labels, RoomSource, Shed, ShedReason};
+use super::queue::{Entry, FlowDepth, ModelQueue, Removal};
+use super::{Ask, Labels, RoomSource, Shed, ShedReason};
 use crate::config::{FlowControlConfig, QueueOrdering};
 
 /// A waiter's side of the queue: where its permit (or refusal) is sent, when it arrived, and when
@@ -23,6 +23,8 @@ struct Waiter {
     tx: oneshot::Sender<Result<Permit, Shed>>,
     since: Instant,
     deadline: Instant,
+    /// Its objective's TTFT target (the predicted room's budget).
+    ttft_target_ms: Option<u64>,
 }
 
 /// Room promised to permits handed out and not yet dropped (decided but maybe not committed).
@@ -54,7 +56,7 @@ pub struct FlowController {
     room: Box<dyn RoomSource>,
     config: ArcSwap<FlowControlConfig>,
     next_id: AtomicU64,
-    /// Woken when a permit is released: the dispatcher re-checks the queues.
+    /// Woken when a permit is released or load falls: the dispatcher re-checks the queues.
     wake: Arc<Notify>,
     dispatcher: AtomicBool,
     metrics: FlowMetrics,
@@ -128,15 +130,15 @@ struct Waiting<'a> {
 }
 
 impl Waiting<'_> {
-    /// Takes the entry out if it is still queued; true if it was.
-    fn withdraw(&mut self) -> bool {
+    /// Takes the entry out if it is still queued (`why` it leaves); true if it was.
+    fn withdraw(&mut self, why: Removal) -> bool {
         self.armed = false;
         let mut models = self.controller.models.lock();
         models
             .get_mut(self.model)
             .and_then(|s| {
                 s.queue
-                    .remove(self.labels.priority, &self.labels.flow, self.id)
+                    .remove(self.labels.priority, &self.labels.flow, self.id, why)
             })
             .is_some()
     }
@@ -144,7 +146,7 @@ impl Waiting<'_> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if self.armed && self.withdraw() {
+        if self.armed && self.withdraw(Removal::Cancelled) {
             self.controller
                 .metrics
                 .outcome(self.model, self.labels.priority, "cancelled");
@@ -171,13 +173,23 @@ impl FlowController {
 
     /// A controller reading room from `room`, configured by `config`.
     pub fn new(room: Box<dyn RoomSource>, config: &FlowControlConfig) -> FlowController {
+        Self::with_wake(room, config, Arc::new(Notify::new()))
+    }
+
+    /// [`Self::new`], its dispatcher also woken by `wake` (notified when load falls outside
+    /// the controller's sight: a routed request's first byte).
+    pub fn with_wake(
+        room: Box<dyn RoomSource>,
+        config: &FlowControlConfig,
+        wake: Arc<Notify>,
+    ) -> FlowController {
         FlowController {
             models: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             room,
             config: ArcSwap::from_pointee(config.clone()),
             next_id: AtomicU64::new(1),
-            wake: Arc::new(Notify::new()),
+            wake,
             dispatcher: AtomicBool::new(false),
             metrics: FlowMetrics::default(),
         }
@@ -224,8 +236,12 @@ impl FlowController {
         {
             let mut models = self.models.lock();
             let state = models.entry(model.to_string()).or_default();
+            let ask = Ask {
+                tokens,
+                ttft_target_ms: labels.ttft_target_ms,
+            };
             if state.queue.is_empty() {
-                if let Some(permit) = self.try_reserve(model, state, &config, tokens, since) {
+                if let Some(permit) = self.try_reserve(model, state, &config, ask, since) {
                     drop(models);
                     self.metrics
                         .admitted(model, labels.priority, &labels.flow, Duration::ZERO);
@@ -261,6 +277,7 @@ impl FlowController {
                         tx,
                         since,
                         deadline: since + Duration::from_millis(config.max_wait_ms),
+                        ttft_target_ms: labels.ttft_target_ms,
                     },
                 });
                 self.pump(model, state, &config);
@@ -299,7 +316,7 @@ impl FlowController {
                 Err(shed(ShedReason::Closed))
             }
             Err(_) => {
-                if waiting.withdraw() {
+                if waiting.withdraw(Removal::Lost) {
                     self.metrics.outcome(model, labels.priority, "expired");
                     return Err(shed(ShedReason::Expired));
                 }
@@ -324,17 +341,18 @@ impl FlowController {
         }
     }
 
-    /// A permit for `tokens` if `model`'s candidates have room beyond what is reserved (or
-    /// there are no candidates: routing answers the request then).
+    /// A permit for `ask` if `model`'s candidates have room beyond what is reserved (or there
+    /// are no candidates: routing answers the request then).
     fn try_reserve(
         &self,
         model: &str,
         state: &ModelState,
         config: &FlowControlConfig,
-        tokens: u64,
+        ask: Ask,
         since: Instant,
     ) -> Option<Permit> {
-        let room = self.room.room(model, &config.room);
+        let tokens = ask.tokens;
+        let room = self.room.room(model, &config.room, &ask);
         let reserved = &state.reserved;
         if room.candidates > 0
             && (room.free_prefill_tokens <= reserved.tokens.load(Ordering::Relaxed)
@@ -358,7 +376,7 @@ impl FlowController {
                 // Its own timer is due but its task has not run yet (a busy runtime): turn it
                 // away here, never dispatch a request that waited past its bound.
                 let (priority, flow, id) = (head.priority, Arc::clone(&head.flow), head.id);
-                if let Some(entry) = state.queue.remove(priority, &flow, id) {
+                if let Some(entry) = state.queue.remove(priority, &flow, id, Removal::Lost) {
                     self.metrics.outcome(model, priority, "expired");
                     let _ = entry.payload.tx.send(Err(Shed {
                         reason: ShedReason::Expired,
@@ -368,8 +386,11 @@ impl FlowController {
                 }
                 continue;
             }
-            let Some(permit) =
-                self.try_reserve(model, state, config, head.tokens, head.payload.since)
+            let ask = Ask {
+                tokens: head.tokens,
+                ttft_target_ms: head.payload.ttft_target_ms,
+            };
+            let Some(permit) = self.try_reserve(model, state, config, ask, head.payload.since)
             else {
                 return;
             };

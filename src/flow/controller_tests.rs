@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::flow::Room;
+use crate::flow::{Ask, Room};
 
 /// Room the test controls: `free` prompt tokens over one candidate, any number of requests.
 struct FakeRoom(Arc<AtomicU64>);
 
 impl RoomSource for FakeRoom {
-    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: 1,
             free_prefill_tokens: self.0.load(Ordering::Relaxed),
@@ -25,7 +25,7 @@ impl RoomSource for FakeRoom {
 struct FakeSlots(Arc<AtomicU64>, usize);
 
 impl RoomSource for FakeSlots {
-    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig) -> Room {
+    fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: self.1,
             free_prefill_tokens: u64::MAX,
@@ -125,6 +125,16 @@ type Waiters = Vec<(usize, tokio::task::JoinHandle<Result<Permit, Shed>>)>;
 /// their indices in dispatch order.
 async fn dispatch_order(free: &AtomicU64, c: &FlowController, mut tasks: Waiters) -> Vec<usize> {
     let n = tasks.len();
+    dispatch_some(free, c, &mut tasks, n).await
+}
+
+/// [`dispatch_order`] for the first `n` permits; the other waiters stay in `tasks`.
+async fn dispatch_some(
+    free: &AtomicU64,
+    c: &FlowController,
+    tasks: &mut Waiters,
+    n: usize,
+) -> Vec<usize> {
     let mut order = Vec::new();
     while order.len() < n {
         free.store(100, Ordering::Relaxed);
@@ -404,4 +414,49 @@ async fn a_full_queue_displaces_the_flood_not_the_light_newcomer() {
     let refused = c.admit("m", &labels(-1, "flood"), 400).await.unwrap_err();
     assert_eq!(refused.reason, ShedReason::QueueFull);
     assert!(!light.is_finished() && flood.iter().all(|t| !t.is_finished()));
+}
+
+/// A band starved until every waiter expired (or, with `cancel`, light's clients left), then
+/// the flood served twice before light comes back with two requests; returns the order of the
+/// last four (0, 1: the flood's; 2, 3: light's).
+async fn after_expiry(cancel: bool) -> Vec<usize> {
+    let (c, free) = controller("{max_wait_ms: 500}");
+    let mut tasks = Vec::new();
+    for flow in ["light", "flood", "light", "flood", "flood"] {
+        tasks.push(spawn_admit(&c, labels(0, flow), 400));
+        let n = tasks.len();
+        until(|| queued(&c) == n).await;
+    }
+    if cancel {
+        for t in [&tasks[0], &tasks[2]] {
+            t.abort();
+        }
+        until(|| queued(&c) == 3).await;
+    }
+    // No room for 500 ms: the rest expire.
+    for t in tasks {
+        if let Ok(answer) = t.await {
+            assert_eq!(answer.unwrap_err().reason, ShedReason::Expired);
+        }
+    }
+    let mut flood: Waiters = Vec::new();
+    for i in 0..4 {
+        flood.push((i, spawn_admit(&c, labels(0, "flood"), 400)));
+        until(|| queued(&c) == i + 1).await;
+    }
+    assert_eq!(dispatch_some(&free, &c, &mut flood, 2).await, vec![0, 1]);
+    let mut rest: Waiters = flood.into_iter().map(|(i, t)| (i - 2, t)).collect();
+    for i in 2..4 {
+        rest.push((i, spawn_admit(&c, labels(0, "light"), 400)));
+        until(|| queued(&c) == i + 1).await;
+    }
+    dispatch_order(&free, &c, rest).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flow_whose_waiters_expired_is_served_first_when_it_returns() {
+    // Expired: light is owed the flood's two slots and gets them first.
+    assert_eq!(after_expiry(false).await, vec![2, 3, 0, 1]);
+    // Its clients left instead: nothing owed, light comes back level and the slots alternate.
+    assert_eq!(after_expiry(true).await, vec![0, 2, 1, 3]);
 }

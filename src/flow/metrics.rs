@@ -223,6 +223,7 @@ mod tests {
                 requests: 3,
                 bytes: 30,
                 virtual_tokens: 0,
+                owed_tokens: 0,
             }],
         )];
         let text = m.render(&depths);

@@ -8,9 +8,9 @@
 //!   the routing policy (so the pick sees the cache and load of *dispatch* time), then drops the
 //!   permit once its decision is committed (its load counted on the pick).
 //! - A model's queue dispatches while its candidates' room ([`RoomSource`], thresholds in
-//!   `flow_control.room`) exceeds the tokens and requests of permits handed out and not yet
-//!   committed; with
-//!   an empty queue and room, admission is immediate (one short lock, no wait).
+//!   `flow_control.room` and, by default, the predicted wait against its budget: [`predicted`])
+//!   exceeds the tokens and requests of permits handed out and not yet committed; with an
+//!   empty queue and room, admission is immediate (one short lock, no wait).
 //! - Order: the highest priority band first (priority from the objective header), within a band
 //!   the flow (trusted tenant, else fairness id) with the fewest dispatched prompt tokens
 //!   (virtual token counter, [`queue`]; at equal counters the one with fewer queued tokens),
@@ -30,16 +30,19 @@
 //! # Files
 //!
 //! - [`queue`]: one model's queue as plain data (bands, flows, counters, bounds' totals).
+//! - [`predicted`]: the predicted room's arithmetic (an endpoint's wait against its budget).
 //! - `controller`: the queues under a lock, admission, waiting, dispatch, the permit.
 //! - `metrics`: counters and wait times, rendered with the live depths.
 //! - `request`: a request's priority and flow from its headers, its model from its body.
 
 mod controller;
 mod metrics;
+pub mod predicted;
 pub mod queue;
 mod request;
 
 pub use controller::{FlowController, ModelStatus, Permit};
+pub use predicted::EndpointWait;
 pub use queue::FlowDepth;
 pub use request::{sniff_model, Labels};
 
@@ -55,15 +58,25 @@ pub struct Room {
     /// `room.max_prefill_tokens` (0 for a candidate over any threshold), summed.
     pub free_prefill_tokens: u64,
     /// Requests the candidates with room can still take before their waiting queues reach
-    /// `room.max_waiting_requests`, summed.
+    /// `room.max_waiting_requests` (and, under the predicted room, before the wait passes its
+    /// budget), summed.
     pub free_requests: u64,
+}
+
+/// The request the room is judged for: the one a queue would dispatch next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// Its estimated prompt tokens (from the body's size).
+    pub tokens: u64,
+    /// Its objective's TTFT target, ms, if it has one (the predicted room's budget).
+    pub ttft_target_ms: Option<u64>,
 }
 
 /// Where the controller reads the candidates' room (the router's tables, or a fake in tests).
 pub trait RoomSource: Send + Sync + 'static {
-    /// The room `model`'s candidates have under `limits`, now. Called under the controller's
-    /// lock: it must be quick and must not call back into the controller.
-    fn room(&self, model: &str, limits: &RoomConfig) -> Room;
+    /// The room `model`'s candidates have under `limits` for `ask`, now. Called under the
+    /// controller's lock: it must be quick and must not call back into the controller.
+    fn room(&self, model: &str, limits: &RoomConfig, ask: &Ask) -> Room;
 }
 
 /// Why a request was turned away.

@@ -11,8 +11,8 @@
 //! cannot starve a trickling one: over any busy period their dispatched tokens differ by at most
 //! one request's tokens. Empty flows are dropped at once; a dropped flow's counter is remembered
 //! only while it is ahead of the band's virtual time (it was served within the last request's
-//! worth of tokens, at most `MAX_AHEAD_FLOWS` of them), so memory is bounded by the queued
-//! entries plus those few.
+//! worth of tokens) or it is owed tokens it lost (below), at most `MAX_REMEMBERED_FLOWS` of
+//! them, so memory is bounded by the queued entries plus those few.
 //!
 //! Over-share flows lose first (flow bench, tight room: the flooding tenant got 1.15x its fair
 //! share because the light tenant's requests expired while the flood's were dispatched):
@@ -26,13 +26,55 @@
 //!   last (the last entry of the flow whose counter plus queued tokens is highest), when that
 //!   flow would end further ahead than the newcomer's: the over-share flow loses, not the light
 //!   newcomer ([`ModelQueue::evict_over_share`]).
+//! - A flow whose requests the queue turned away (expired, displaced: [`Removal::Lost`]) is
+//!   owed their tokens: while it is away its counter is not lifted level with the active flows
+//!   as an idle flow's is, but kept up to that many tokens behind them (as if it had still been
+//!   waiting, never behind its own counter), so when it returns it is served first until it
+//!   has caught up; every token it is served pays the debt down. This is what VTC's "no credit
+//!   for idling" gets wrong under a bound: when a band gets no room for `max_wait_ms` every
+//!   waiter expires, the light flow's with the flood's; the flood, arriving four times as
+//!   often, is back first and takes the slots until the light flow returns, which then came
+//!   back level with it (the flow bench's tight arm: the flood got 1.11x its max-min share). A
+//!   debt is forgotten once the band's virtual time has moved two debts past the flow's
+//!   counter (it did not come back while others were served that much), and is capped at
+//!   `MAX_OWED_TOKENS`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-/// Most empty flows whose counter a band remembers (those ahead of its virtual time); past it, a
-/// returning flow may start up to one request's tokens early.
-const MAX_AHEAD_FLOWS: usize = 1024;
+/// Most empty flows whose counter a band remembers (those ahead of its virtual time or owed
+/// tokens); past it, a returning flow may start up to one request's tokens early, or lose its
+/// debt.
+const MAX_REMEMBERED_FLOWS: usize = 1024;
+
+/// Most tokens a flow is owed for requests turned away (about 500 prompts of 2000 tokens).
+const MAX_OWED_TOKENS: u64 = 1 << 20;
+
+/// Why an entry leaves the queue other than by dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// Its client went away: nothing is owed.
+    Cancelled,
+    /// The queue turned it away (expired, displaced): its flow is owed its tokens.
+    Lost,
+}
+
+/// What a band remembers of an empty flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Memory {
+    /// Its counter when it emptied.
+    counter: u64,
+    /// Tokens of its requests turned away, not yet made up.
+    owed: u64,
+}
+
+impl Memory {
+    /// Still worth keeping at the band's virtual time `vtime`: ahead of it, or owed a debt the
+    /// band has not moved far past.
+    fn live(&self, vtime: u64) -> bool {
+        self.counter.saturating_add(self.owed.saturating_mul(2)) > vtime
+    }
+}
 
 /// One queued request.
 #[derive(Debug)]
@@ -63,6 +105,8 @@ struct FlowQueue<T> {
     counter: u64,
     /// Estimated tokens of `entries` (each at least 1), kept as a running total.
     queued_tokens: u64,
+    /// Tokens of its requests turned away while it was active (see [`Removal::Lost`]).
+    owed: u64,
 }
 
 #[derive(Debug)]
@@ -70,9 +114,9 @@ struct Band<T> {
     flows: HashMap<Arc<str>, FlowQueue<T>>,
     /// The counter of the flow dispatched last: where a flow starts when no other is active.
     vtime: u64,
-    /// Counters of empty flows still ahead of `vtime`: where they start again (no flow restarts
-    /// behind what it was given).
-    ahead: HashMap<Arc<str>, u64>,
+    /// Empty flows still ahead of `vtime` or owed tokens: where they start again (no flow
+    /// restarts behind what it was given, nor ahead of what it lost).
+    remembered: HashMap<Arc<str>, Memory>,
 }
 
 impl<T> Band<T> {
@@ -80,7 +124,7 @@ impl<T> Band<T> {
         Band {
             flows: HashMap::new(),
             vtime: 0,
-            ahead: HashMap::new(),
+            remembered: HashMap::new(),
         }
     }
 
@@ -99,7 +143,8 @@ impl<T> Band<T> {
     }
 
     /// The counter a flow that is not active starts at: level with the active flows (or the
-    /// band's virtual time), or where it was if it is still ahead of that.
+    /// band's virtual time), less what it is owed but not below its own remembered counter, or
+    /// where it was if it is still ahead of that.
     fn start_of(&self, flow: &str) -> u64 {
         let level = self
             .flows
@@ -107,7 +152,10 @@ impl<T> Band<T> {
             .map(|f| f.counter)
             .min()
             .unwrap_or(self.vtime);
-        level.max(self.ahead.get(flow).copied().unwrap_or(0))
+        match self.remembered.get(flow) {
+            Some(m) => level.saturating_sub(m.owed).max(m.counter),
+            None => level,
+        }
     }
 }
 
@@ -142,6 +190,9 @@ pub struct FlowDepth {
     pub bytes: u64,
     /// Tokens dispatched for this flow in its band's virtual time (fairness state).
     pub virtual_tokens: u64,
+    /// Tokens of its requests the queue turned away while it waited (expired, displaced),
+    /// which it gets back first if it empties and returns.
+    pub owed_tokens: u64,
 }
 
 impl<T> ModelQueue<T> {
@@ -171,13 +222,15 @@ impl<T> ModelQueue<T> {
         let band = self.bands.entry(entry.priority).or_insert_with(Band::new);
         if !band.flows.contains_key(&entry.flow) {
             let counter = band.start_of(&entry.flow);
-            band.ahead.remove(&entry.flow);
+            // The debt goes with it until service pays it back (`pop`).
+            let owed = band.remembered.remove(&entry.flow).map_or(0, |m| m.owed);
             band.flows.insert(
                 Arc::clone(&entry.flow),
                 FlowQueue {
                     entries: BTreeMap::new(),
                     counter,
                     queued_tokens: 0,
+                    owed,
                 },
             );
         }
@@ -206,20 +259,34 @@ impl<T> ModelQueue<T> {
         flow.queued_tokens -= entry.tokens.max(1);
         band.vtime = flow.counter;
         flow.counter += entry.tokens.max(1);
+        flow.owed = flow.owed.saturating_sub(entry.tokens.max(1));
         let vtime = band.vtime;
-        band.ahead.retain(|_, counter| *counter > vtime);
+        band.remembered.retain(|_, m| m.live(vtime));
         self.forget_if_empty(priority, &name);
         self.len -= 1;
         self.bytes -= entry.bytes;
         Some(entry)
     }
 
-    /// Removes the entry `id` of (`priority`, `flow`), if it is still queued.
-    pub(crate) fn remove(&mut self, priority: i32, flow: &str, id: u64) -> Option<Entry<T>> {
+    /// Removes the entry `id` of (`priority`, `flow`), if it is still queued; its flow is owed
+    /// its tokens if it was `Lost`.
+    pub(crate) fn remove(
+        &mut self,
+        priority: i32,
+        flow: &str,
+        id: u64,
+        why: Removal,
+    ) -> Option<Entry<T>> {
         let queue = self.bands.get_mut(&priority)?.flows.get_mut(flow)?;
         let key = *queue.entries.iter().find(|(_, e)| e.id == id)?.0;
         let entry = queue.entries.remove(&key)?;
         queue.queued_tokens -= entry.tokens.max(1);
+        if why == Removal::Lost {
+            queue.owed = queue
+                .owed
+                .saturating_add(entry.tokens.max(1))
+                .min(MAX_OWED_TOKENS);
+        }
         self.forget_if_empty(priority, flow);
         self.len -= 1;
         self.bytes -= entry.bytes;
@@ -242,7 +309,7 @@ impl<T> ModelQueue<T> {
                 Some((Arc::clone(name), newest))
             })
             .max_by_key(|(_, id)| *id)?;
-        self.remove(band_priority, &flow, id)
+        self.remove(band_priority, &flow, id, Removal::Lost)
     }
 
     /// Removes, from band `priority`, the entry the fair order would serve last, if its flow is
@@ -271,7 +338,7 @@ impl<T> ModelQueue<T> {
         }
         let id = band.flows[victim].entries.values().next_back()?.id;
         let victim = Arc::clone(victim);
-        self.remove(priority, &victim, id)
+        self.remove(priority, &victim, id, Removal::Lost)
     }
 
     /// Depth per (priority, flow), highest priority first.
@@ -287,6 +354,7 @@ impl<T> ModelQueue<T> {
                     requests: f.entries.len(),
                     bytes: f.entries.values().map(|e| e.bytes).sum(),
                     virtual_tokens: f.counter,
+                    owed_tokens: f.owed,
                 });
             }
         }
@@ -299,14 +367,18 @@ impl<T> ModelQueue<T> {
         };
         if band.flows.get(flow).is_some_and(|f| f.entries.is_empty()) {
             if let Some((name, f)) = band.flows.remove_entry(flow) {
-                if f.counter > band.vtime && band.ahead.len() < MAX_AHEAD_FLOWS {
-                    band.ahead.insert(name, f.counter);
+                let memory = Memory {
+                    counter: f.counter,
+                    owed: f.owed,
+                };
+                if memory.live(band.vtime) && band.remembered.len() < MAX_REMEMBERED_FLOWS {
+                    band.remembered.insert(name, memory);
                 }
             }
         }
-        // A band without flows is kept while it remembers one ahead (bands are the configured
+        // A band without flows is kept while it remembers one (bands are the configured
         // priorities: few).
-        if band.flows.is_empty() && band.ahead.is_empty() {
+        if band.flows.is_empty() && band.remembered.is_empty() {
             self.bands.remove(&priority);
         }
     }
@@ -436,7 +508,10 @@ mod tests {
         let mut q = keyed(&[100, 50, 75]);
         // Evicting takes the newest arrival (3), not the latest deadline (1).
         assert_eq!(q.evict_below(1).map(|e| e.id), Some(3));
-        assert_eq!(q.remove(0, "a", 1).map(|e| e.id), Some(1));
+        assert_eq!(
+            q.remove(0, "a", 1, Removal::Cancelled).map(|e| e.id),
+            Some(1)
+        );
         assert_eq!(drain(&mut q), vec![2]);
         assert_eq!((q.len(), q.bytes()), (0, 0));
     }
@@ -471,7 +546,7 @@ mod tests {
             }
             served.push(q.pop().unwrap().flow.to_string());
             for (flow, id) in queued {
-                q.remove(0, flow, id);
+                q.remove(0, flow, id, Removal::Lost);
             }
             assert!(q.is_empty());
         }
@@ -489,6 +564,91 @@ mod tests {
         // none of its requests expires, the flood gets the rest.
         let served = starved_rounds(10, |round| round % 2 == 1);
         assert_eq!((count(&served, "flood"), count(&served, "light")), (5, 5));
+    }
+
+    /// The flow bench's starved band, in small: "light" and "flood" were served alike, then
+    /// the band got no room until every waiter expired; the flood is back first and is served
+    /// twice before "light" returns with two requests. Returns the next four dispatched.
+    fn after_a_starved_band(why: Removal, flood_served_meanwhile: u64) -> Vec<u64> {
+        let mut q = ModelQueue::default();
+        q.push(entry(1, 0, "light", 100));
+        q.push(entry(2, 0, "flood", 100));
+        assert_eq!(drain(&mut q), vec![1, 2]);
+        // Starved: light's two and flood's three waiters leave.
+        for (id, flow) in [
+            (3, "light"),
+            (4, "light"),
+            (5, "flood"),
+            (6, "flood"),
+            (7, "flood"),
+        ] {
+            q.push(entry(id, 0, flow, 100));
+        }
+        for (id, flow) in [
+            (3, "light"),
+            (4, "light"),
+            (5, "flood"),
+            (6, "flood"),
+            (7, "flood"),
+        ] {
+            assert!(q.remove(0, flow, id, why).is_some());
+        }
+        // Room again: only the flood is there.
+        for id in 10..14 {
+            q.push(entry(id, 0, "flood", 100));
+        }
+        for _ in 0..flood_served_meanwhile {
+            assert_eq!(q.pop().unwrap().flow.as_ref(), "flood");
+        }
+        q.push(entry(20, 0, "light", 100));
+        q.push(entry(21, 0, "light", 100));
+        (0..4).map(|_| q.pop().unwrap().id).collect()
+    }
+
+    #[test]
+    fn a_flow_whose_requests_expired_gets_back_what_the_flood_took_meanwhile() {
+        // Owed its two lost requests, light was kept at its counter while the flood took two
+        // slots: it goes twice, then the flood.
+        assert_eq!(after_a_starved_band(Removal::Lost, 2), vec![20, 21, 12, 13]);
+        // One slot taken, one given back; the second goes to light by the tie rule (the
+        // lighter queue), as it would have without a debt.
+        assert_eq!(after_a_starved_band(Removal::Lost, 1), vec![20, 21, 11, 12]);
+        assert_eq!(
+            after_a_starved_band(Removal::Cancelled, 1),
+            vec![20, 11, 21, 12]
+        );
+        // Clients that left are owed nothing: light comes back level, the slots alternate
+        // (the flood's older head wins the tie of equal queues).
+        assert_eq!(
+            after_a_starved_band(Removal::Cancelled, 2),
+            vec![12, 20, 13, 21]
+        );
+    }
+
+    #[test]
+    fn a_debt_is_forgotten_once_the_band_has_moved_far_past_it() {
+        let mut q = ModelQueue::default();
+        q.push(entry(1, 0, "light", 100));
+        assert_eq!(
+            q.remove(0, "light", 1, Removal::Lost).map(|e| e.id),
+            Some(1)
+        );
+        // The flood is served 100 tokens at a time; light (counter 0, owed 100) is remembered
+        // while the band's virtual time is under 0 + 2 x 100.
+        let mut id = 10;
+        for _ in 0..3 {
+            id += 1;
+            q.push(entry(id, 0, "flood", 100));
+            q.pop();
+        }
+        // Virtual time 200 now: forgotten, light restarts level with the flood (300), the
+        // tie goes to the lighter queue.
+        q.push(entry(50, 0, "flood", 100));
+        q.push(entry(51, 0, "flood", 100));
+        q.push(entry(60, 0, "light", 100));
+        assert_eq!(drain(&mut q), vec![60, 50, 51]);
+        let depths = q.depths();
+        assert!(depths.is_empty(), "{depths:?}");
     }
 
     #[test]
@@ -518,9 +678,18 @@ mod tests {
         q.push(entry(2, -1, "a", 10));
         q.push(entry(3, -1, "b", 10));
         q.push(entry(4, 0, "b", 10));
-        assert_eq!(q.remove(1, "a", 1).map(|e| e.id), Some(1));
-        assert!(q.remove(1, "a", 1).is_none(), "removed once");
-        assert!(q.remove(0, "b", 99).is_none(), "unknown id");
+        assert_eq!(
+            q.remove(1, "a", 1, Removal::Cancelled).map(|e| e.id),
+            Some(1)
+        );
+        assert!(
+            q.remove(1, "a", 1, Removal::Cancelled).is_none(),
+            "removed once"
+        );
+        assert!(
+            q.remove(0, "b", 99, Removal::Cancelled).is_none(),
+            "unknown id"
+        );
         // The lowest band's newest entry goes first; nothing at or above the asker's priority.
         assert_eq!(q.evict_below(1).map(|e| e.id), Some(3));
         assert_eq!(q.evict_below(1).map(|e| e.id), Some(2));

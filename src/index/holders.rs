@@ -10,9 +10,10 @@
 //! A system prompt cached on hundreds of endpoints made the lookup visit every holder of every
 //! matched block: 66 blocks x 256 holders at ~1.8 ns each, 38% of a 256-endpoint decision. With
 //! at least [`SUMMARY_MIN`] holders (and ids dense enough: endpoint ids are small integers,
-//! reused lowest first), a list also keeps four bitsets (held, confirmed, on GPU, predicted)
+//! reused lowest first), a list also keeps five bitsets (held, confirmed, on GPU, in CPU memory,
+//! predicted)
 //! and a lower bound of the predictions' expiry, so "which candidates still extend the match"
-//! is a few word operations per block: 4 words for 256 endpoints.
+//! is a few word operations per block: 4 words a plane for 256 endpoints.
 
 use super::{EndpointId, Medium};
 
@@ -30,9 +31,10 @@ pub(crate) const SUMMARY_MIN: usize = 32;
 /// A list keeps its summary down to this many holders (hysteresis: a block at the threshold
 /// does not rebuild it on every change).
 const SUMMARY_KEEP: usize = SUMMARY_MIN / 2;
-/// A summary is built only if its planes cost at most this many bits a holder (8 bytes, next
-/// to the holder's 12): the ids must be dense enough. 256 endpoints with ids 0..256 cost 4.
-const SUMMARY_BITS_PER_HOLDER: usize = 64;
+/// A summary is built only if its planes cost at most this many bits a holder (16 a plane:
+/// 10 bytes, next to the holder's 12): the ids must be dense enough. 256 endpoints with ids
+/// 0..256 cost 5.
+const SUMMARY_BITS_PER_HOLDER: usize = 16 * PLANES;
 /// And kept up to twice that, as holders leave.
 const SUMMARY_KEEP_BITS_PER_HOLDER: usize = 2 * SUMMARY_BITS_PER_HOLDER;
 
@@ -112,16 +114,13 @@ impl Holder {
         self.confirmed() || self.predicted_until_ms() > now_ms
     }
 
-    /// At `now_ms`, when live: (confirmed, offloaded); from one read of the word.
+    /// At `now_ms`, when live: the media the engine confirmed it on (0: only predicted); from
+    /// one read of the word.
     #[inline]
-    pub(crate) fn state(&self, now_ms: u64) -> Option<(bool, bool)> {
+    pub(crate) fn state(&self, now_ms: u64) -> Option<u8> {
         let w = self.word();
-        let media = (w >> MEDIA_SHIFT) & 0b111;
-        let confirmed = media != 0;
-        (confirmed || w >> UNTIL_SHIFT > now_ms).then_some((
-            confirmed,
-            confirmed && media & u64::from(Medium::Gpu.bit()) == 0,
-        ))
+        let media = ((w >> MEDIA_SHIFT) & 0b111) as u8;
+        (media != 0 || w >> UNTIL_SHIFT > now_ms).then_some(media)
     }
 }
 
@@ -139,6 +138,8 @@ pub(crate) struct Extend<'a> {
     pub(crate) confirmed: &'a mut [u64],
     /// Out: of those, confirmed only on media slower than GPU.
     pub(crate) offloaded: &'a mut [u64],
+    /// Out: of the offloaded, those held in CPU memory.
+    pub(crate) cpu: &'a mut [u64],
 }
 
 impl Extend<'_> {
@@ -150,19 +151,22 @@ impl Extend<'_> {
         if w < self.lo || w > self.hi || self.alive[w] & bit == 0 {
             return;
         }
-        if let Some((confirmed, offloaded)) = h.state(now) {
+        if let Some(media) = h.state(now) {
             self.next[w] |= bit;
-            if confirmed {
+            if media != 0 {
                 self.confirmed[w] |= bit;
-            }
-            if offloaded {
-                self.offloaded[w] |= bit;
+                if media & Medium::Gpu.bit() == 0 {
+                    self.offloaded[w] |= bit;
+                    if media & Medium::Cpu.bit() != 0 {
+                        self.cpu[w] |= bit;
+                    }
+                }
             }
         }
     }
 }
 
-/// Bitsets over the holders' endpoint ids, in four planes of `words` words from word `base`.
+/// Bitsets over the holders' endpoint ids, in [`PLANES`] planes of `words` words from word `base`.
 #[derive(Debug, Clone)]
 pub(crate) struct Summary {
     /// Bit `i` of word `w` of a plane stands for endpoint `64 (base + w) + i`.
@@ -172,14 +176,17 @@ pub(crate) struct Summary {
     /// this (ms, the holders' origin): before it, the planes alone say who is live. At or past
     /// it a lookup checks those holders' expiry, and the next write re-derives the plane.
     min_until: u64,
-    /// Planes: held, confirmed, on GPU, predicted (live when last written).
+    /// Planes: held, confirmed, on GPU, in CPU memory, predicted (live when last written).
     bits: Box<[u64]>,
 }
 
 const HELD: usize = 0;
 const CONFIRMED: usize = 1;
 const GPU: usize = 2;
-const PREDICTED: usize = 3;
+const CPU: usize = 3;
+const PREDICTED: usize = 4;
+/// Planes a summary keeps.
+const PLANES: usize = 5;
 
 impl Summary {
     /// A summary of `holders` (sorted, at least one) if their ids are dense enough that the
@@ -187,14 +194,14 @@ impl Summary {
     fn build(holders: &[Holder], now: u64, per_holder_bits: usize) -> Option<Summary> {
         let base = holders.first()?.endpoint() as usize / 64;
         let words = holders.last()?.endpoint() as usize / 64 + 1 - base;
-        if words * 64 * 4 > holders.len() * per_holder_bits {
+        if words * 64 * PLANES > holders.len() * per_holder_bits {
             return None;
         }
         let mut s = Summary {
             base,
             words,
             min_until: u64::MAX,
-            bits: vec![0; 4 * words].into_boxed_slice(),
+            bits: vec![0; PLANES * words].into_boxed_slice(),
         };
         for h in holders {
             s.set(h, now);
@@ -223,6 +230,7 @@ impl Summary {
         self.put(HELD, w, bit, true);
         self.put(CONFIRMED, w, bit, h.confirmed());
         self.put(GPU, w, bit, h.on_gpu());
+        self.put(CPU, w, bit, h.media() & Medium::Cpu.bit() != 0);
         self.put(PREDICTED, w, bit, predicted);
         if predicted && !h.confirmed() {
             self.min_until = self.min_until.min(h.predicted_until_ms());
@@ -231,7 +239,7 @@ impl Summary {
 
     fn clear(&mut self, e: EndpointId) {
         if let Some((w, bit)) = self.at(e) {
-            for p in [HELD, CONFIRMED, GPU, PREDICTED] {
+            for p in [HELD, CONFIRMED, GPU, CPU, PREDICTED] {
                 self.put(p, w, bit, false);
             }
         }
@@ -271,6 +279,7 @@ impl Summary {
         let check = now >= self.min_until;
         let (held, confirmed) = (self.plane(HELD), self.plane(CONFIRMED));
         let (gpu, predicted) = (self.plane(GPU), self.plane(PREDICTED));
+        let cpu = self.plane(CPU);
         // Holders before word `lo`, for ranks when predictions must be checked one by one.
         let mut rank: u32 = if check {
             held[..lo - self.base].iter().map(|x| x.count_ones()).sum()
@@ -299,6 +308,7 @@ impl Summary {
             x.next[w] = next;
             x.confirmed[w] = next & confirmed[i];
             x.offloaded[w] = next & confirmed[i] & !gpu[i];
+            x.cpu[w] = x.offloaded[w] & cpu[i];
         }
     }
 
@@ -417,7 +427,7 @@ impl HolderList {
     /// Builds (or drops) the summary: kept with at least `min` holders whose planes cost at
     /// most `per_holder_bits` bits a holder.
     fn summarize(&mut self, now: u64, min: usize, per_holder_bits: usize) {
-        let fits = |s: &Summary| s.words * 64 * 4 <= self.holders.len() * per_holder_bits;
+        let fits = |s: &Summary| s.words * 64 * PLANES <= self.holders.len() * per_holder_bits;
         let first = self.holders.first().map(|h| h.endpoint());
         let last = self.holders.last().map(|h| h.endpoint());
         self.summary = match self.summary.take() {

@@ -8,9 +8,9 @@
 //! blocks without a summary), not the prompt or the index.
 //!
 //! Counts are kept by transitions rather than per block and candidate: a candidate's matched
-//! blocks are the block at which it left "alive"; its confirmed (and offloaded) blocks are the
-//! lengths of the runs during which it was in the block's confirmed (offloaded) set, added up
-//! when it leaves one. A prefix held the same way by every candidate costs no per-candidate
+//! blocks are the block at which it left "alive"; its confirmed (offloaded, in CPU memory)
+//! blocks are the lengths of the runs during which it was in the block's confirmed (offloaded,
+//! CPU) set, added up when it leaves one. A prefix held the same way by every candidate costs no per-candidate
 //! work at all until the candidates drop out.
 
 use super::holders::Extend;
@@ -45,13 +45,19 @@ impl OwnershipIndex {
         for &c in candidates {
             alive[c as usize / 64] |= 1 << (c % 64);
         }
-        // Candidates in a confirmed (offloaded) run, and since which block, by position.
+        // Candidates in a confirmed (offloaded, CPU) run, and since which block, by position.
         let mut confirmed = vec![0u64; words];
         let mut offloaded = vec![0u64; words];
+        let mut cpu = vec![0u64; words];
         let mut confirmed_since = vec![0u32; candidates.len()];
         let mut offloaded_since = vec![0u32; candidates.len()];
-        let (mut next, mut next_confirmed, mut next_offloaded) =
-            (vec![0u64; words], vec![0u64; words], vec![0u64; words]);
+        let mut cpu_since = vec![0u32; candidates.len()];
+        let (mut next, mut next_confirmed, mut next_offloaded, mut next_cpu) = (
+            vec![0u64; words],
+            vec![0u64; words],
+            vec![0u64; words],
+            vec![0u64; words],
+        );
         // Words that hold alive candidates.
         let (mut lo, mut hi) = (min_id / 64, max_id / 64);
         let now = self.now_ms();
@@ -60,6 +66,7 @@ impl OwnershipIndex {
             next[lo..=hi].fill(0);
             next_confirmed[lo..=hi].fill(0);
             next_offloaded[lo..=hi].fill(0);
+            next_cpu[lo..=hi].fill(0);
             {
                 let shard = self.shard(hash).read();
                 let Some(b) = shard.block(hash) else {
@@ -74,6 +81,7 @@ impl OwnershipIndex {
                         next: &mut next,
                         confirmed: &mut next_confirmed,
                         offloaded: &mut next_offloaded,
+                        cpu: &mut next_cpu,
                     },
                 );
             }
@@ -85,6 +93,7 @@ impl OwnershipIndex {
                 if next[w] == alive[w]
                     && next_confirmed[w] == confirmed[w]
                     && next_offloaded[w] == offloaded[w]
+                    && next_cpu[w] == cpu[w]
                 {
                     // Everyone here extends, as they were (a shared prefix, block after block).
                     continue;
@@ -102,11 +111,18 @@ impl OwnershipIndex {
                 each_bit(w, next_offloaded[w] & !offloaded[w], |id| {
                     offloaded_since[at(id)] = block;
                 });
+                each_bit(w, cpu[w] & !next_cpu[w], |id| {
+                    out[at(id)].cpu_blocks += block - cpu_since[at(id)];
+                });
+                each_bit(w, next_cpu[w] & !cpu[w], |id| {
+                    cpu_since[at(id)] = block;
+                });
                 // Candidates that stop here matched the blocks before it.
                 each_bit(w, alive[w] & !next[w], |id| out[at(id)].blocks = block);
                 alive[w] = next[w];
                 confirmed[w] = next_confirmed[w];
                 offloaded[w] = next_offloaded[w];
+                cpu[w] = next_cpu[w];
             }
             while alive[lo] == 0 {
                 lo += 1;
@@ -124,6 +140,9 @@ impl OwnershipIndex {
             });
             each_bit(w, offloaded[w], |id| {
                 out[at(id)].offloaded_blocks += block - offloaded_since[at(id)];
+            });
+            each_bit(w, cpu[w], |id| {
+                out[at(id)].cpu_blocks += block - cpu_since[at(id)];
             });
             each_bit(w, alive[w], |id| out[at(id)].blocks = block);
         }

@@ -105,6 +105,9 @@ pub struct PrefixMatch {
     pub confirmed_blocks: u32,
     /// Of the confirmed, blocks held only on a medium slower than GPU.
     pub offloaded_blocks: u32,
+    /// Of the offloaded, blocks held in CPU memory (the rest are only on slower media: disk,
+    /// a remote store).
+    pub cpu_blocks: u32,
 }
 
 impl PrefixMatch {

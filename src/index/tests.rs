@@ -106,7 +106,20 @@ fn remove_by_medium_and_clear_endpoint() {
     // GPU copy of block 1 removed: the CPU copy keeps it, now offloaded.
     idx.remove(0, &[1], Some(Medium::Gpu));
     let m = idx.lookup(&[1, 2, 3], &[0]);
-    assert_eq!((m[0].blocks, m[0].offloaded_blocks), (3, 1));
+    assert_eq!(
+        (m[0].blocks, m[0].offloaded_blocks, m[0].cpu_blocks),
+        (3, 1, 1)
+    );
+    // Block 3 also on disk, then only there: offloaded, but not in CPU memory.
+    idx.insert_confirmed(0, &[3], Medium::Other).unwrap();
+    assert_eq!(idx.lookup(&[1, 2, 3], &[0])[0].offloaded_blocks, 1);
+    idx.remove(0, &[3], Some(Medium::Gpu));
+    let m = idx.lookup(&[1, 2, 3], &[0]);
+    assert_eq!(
+        (m[0].blocks, m[0].offloaded_blocks, m[0].cpu_blocks),
+        (3, 2, 1)
+    );
+    idx.insert_confirmed(0, &[3], Medium::Gpu).unwrap();
     // Removing block 2 entirely cuts the run; endpoint 1 is untouched.
     idx.remove(0, &[2], None);
     assert_eq!(blocks(&idx.lookup(&[1, 2, 3], &[0, 1])), [1, 3]);
@@ -293,7 +306,9 @@ impl ModelEndpoint {
         for media in hashes.iter().map_while(|&h| self.holds(h, now)) {
             m.blocks += 1;
             m.confirmed_blocks += u32::from(media != 0);
-            m.offloaded_blocks += u32::from(media != 0 && media & Medium::Gpu.bit() == 0);
+            let offloaded = media != 0 && media & Medium::Gpu.bit() == 0;
+            m.offloaded_blocks += u32::from(offloaded);
+            m.cpu_blocks += u32::from(offloaded && media & Medium::Cpu.bit() != 0);
         }
         m
     }

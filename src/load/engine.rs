@@ -38,6 +38,12 @@ pub struct EngineSample {
     pub block_size_tokens: Option<u32>,
     /// LoRA adapters, if reported.
     pub lora: Option<LoraInfo>,
+    /// Size of the engine's CPU offload tier in bytes, if reported (vLLM's
+    /// `kv_offloading_size` label of `cache_config_info`, GiB).
+    pub cpu_offload_bytes: Option<u64>,
+    /// Bytes loaded from the CPU tier into GPU memory and the seconds those loads took, ever
+    /// (vLLM's `kv_offload_total_bytes` / `_time`, `CPU_to_GPU`), if reported.
+    pub cpu_loaded: Option<(f64, f64)>,
     /// When the scrape completed.
     #[serde(skip)]
     pub scraped_at: Instant,
@@ -129,6 +135,8 @@ mod tests {
             capacity_tokens: None,
             block_size_tokens: None,
             lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
             scraped_at: at,
         }
     }

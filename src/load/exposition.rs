@@ -15,6 +15,8 @@
 //! | KV usage 0..1 | `vllm:kv_cache_usage_perc` | `sglang:token_usage` |
 //! | KV capacity | `vllm:cache_config_info` (`block_size` × `num_gpu_blocks` labels) | `sglang:max_total_num_tokens` |
 //! | LoRA | `vllm:lora_requests_info` (labels) | - |
+//! | CPU offload size | `vllm:cache_config_info` (`kv_offloading_size` label, GiB) | - |
+//! | CPU offload loads | `vllm:kv_offload_total_bytes` / `vllm:kv_offload_total_time` (`transfer_type="CPU_to_GPU"`) | - |
 //!
 //! Counts are summed over the series of a family (one per engine core under data parallelism);
 //! KV usage is the highest.
@@ -41,6 +43,9 @@ pub struct MetricNames {
     /// vLLM's `lora_requests_info` (labels `max_lora`, `running_lora_adapters`,
     /// `waiting_lora_adapters`).
     pub lora: Option<&'static str>,
+    /// Bytes and seconds the offloading connector spent moving KV (counters, by
+    /// `transfer_type`; vLLM's `kv_offload_total_bytes` and `kv_offload_total_time`).
+    pub offload: Option<(&'static str, &'static str)>,
 }
 
 impl MetricNames {
@@ -54,6 +59,10 @@ impl MetricNames {
                 cache_config: Some("vllm:cache_config_info"),
                 capacity_tokens: None,
                 lora: Some("vllm:lora_requests_info"),
+                offload: Some((
+                    "vllm:kv_offload_total_bytes_total",
+                    "vllm:kv_offload_total_time_total",
+                )),
             }),
             EngineKind::Sglang => Some(MetricNames {
                 waiting: "sglang:num_queue_reqs",
@@ -62,6 +71,7 @@ impl MetricNames {
                 cache_config: None,
                 capacity_tokens: Some("sglang:max_total_num_tokens"),
                 lora: None,
+                offload: None,
             }),
             EngineKind::Other => None,
         }
@@ -73,6 +83,7 @@ impl MetricNames {
             .chain(self.cache_config)
             .chain(self.capacity_tokens)
             .chain(self.lora)
+            .chain(self.offload.into_iter().flat_map(|(b, t)| [b, t]))
     }
 }
 
@@ -152,7 +163,13 @@ pub fn parse(
     };
     let mut block_size_tokens = None;
     let mut capacity_tokens = None;
+    let mut cpu_offload_bytes = None;
     if let Some(m) = names.cache_config.and_then(family) {
+        // vLLM's `--kv-offloading-size`, GiB ("None" without offloading).
+        cpu_offload_bytes = label(m, "kv_offloading_size")
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|g| g.is_finite() && *g > 0.0)
+            .map(|g| (g * f64::from(1u32 << 30)).min(u64::MAX as f64) as u64);
         let block: Option<u32> = label(m, "block_size").and_then(|v| v.parse().ok());
         let blocks: Option<u64> = label(m, "num_gpu_blocks").and_then(|v| v.parse().ok());
         block_size_tokens = block;
@@ -166,6 +183,24 @@ pub fn parse(
         capacity_tokens = values(m).first().filter(|v| **v >= 1.0).map(|v| *v as u64);
     }
     let lora = names.lora.and_then(family).and_then(lora_info);
+    // Loads into GPU memory only: stores run beside compute and price nothing here.
+    let loads = |name: &str| {
+        family(name).map(|m| {
+            m.samples
+                .iter()
+                .filter(|s| {
+                    s.labels
+                        .iter()
+                        .any(|l| l.key == "transfer_type" && l.value == "CPU_to_GPU")
+                })
+                .map(|s| s.value.value.as_f64())
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .sum::<f64>()
+        })
+    };
+    let cpu_loaded = names
+        .offload
+        .and_then(|(bytes, time)| loads(bytes).zip(loads(time)));
     Ok(EngineSample {
         waiting_requests: sum(names.waiting)?,
         running_requests: sum(names.running)?,
@@ -173,6 +208,8 @@ pub fn parse(
         capacity_tokens,
         block_size_tokens,
         lora,
+        cpu_offload_bytes,
+        cpu_loaded,
         scraped_at,
     })
 }
@@ -227,6 +264,8 @@ mod tests {
         assert_eq!(s.block_size_tokens, Some(128));
         assert_eq!(s.capacity_tokens, Some(24 * 128), "num_gpu_blocks=24");
         assert_eq!(s.lora, None, "the capture serves no adapters");
+        assert_eq!(s.cpu_offload_bytes, None, "kv_offloading_size=\"None\"");
+        assert_eq!(s.cpu_loaded, None);
     }
 
     #[test]
@@ -245,7 +284,13 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",kv_offloading_backend="native",kv_offloading_size="1.5",num_gpu_blocks="2000"} 1.0
+# TYPE vllm:kv_offload_total_bytes_total counter
+vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 4.0e9
+vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 9.0e9
+# TYPE vllm:kv_offload_total_time_total counter
+vllm:kv_offload_total_time_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 0.25
+vllm:kv_offload_total_time_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 3.0
 # HELP vllm:lora_requests_info Running stats on lora requests.
 # TYPE vllm:lora_requests_info gauge
 vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9
@@ -262,6 +307,8 @@ vllm:time_to_first_token_seconds_bucket{engine="0",model_name="m",le="0.001"} 0
         );
         assert_eq!(s.kv_cache_usage, 0.5, "the fullest engine");
         assert_eq!(s.capacity_tokens, Some(32_000));
+        assert_eq!(s.cpu_offload_bytes, Some(3 << 29), "1.5 GiB");
+        assert_eq!(s.cpu_loaded, Some((4.0e9, 0.25)), "loads only");
         assert_eq!(
             s.lora,
             Some(LoraInfo {
@@ -271,6 +318,28 @@ vllm:time_to_first_token_seconds_bucket{engine="0",model_name="m",le="0.001"} 0
             }),
             "the newest series"
         );
+    }
+
+    /// kvsim's own exposition with a CPU offload tier, as rendered: the tier's size and its
+    /// load counters come through.
+    #[test]
+    fn parses_the_simulators_offload_series() {
+        use kvsim::metrics::{add, MetricsInfo, SimMetrics};
+        let m = SimMetrics::default();
+        add(&m.offload_load_bytes, 3_000_000);
+        add(&m.offload_load_ns, 150_000);
+        add(&m.offload_store_bytes, 9_000_000);
+        let text = m.render(&MetricsInfo {
+            model_name: "m".into(),
+            block_size: 16,
+            num_gpu_blocks: 64,
+            max_loras: 0,
+            offload_bytes: Some(2 << 30),
+        });
+        let s = parse(&vllm(), &text, Instant::now()).unwrap();
+        assert_eq!(s.capacity_tokens, Some(64 * 16));
+        assert_eq!(s.cpu_offload_bytes, Some(2 << 30));
+        assert_eq!(s.cpu_loaded, Some((3e6, 150e-6)));
     }
 
     #[test]

@@ -16,8 +16,13 @@
 //! A sample only means "prefill speed" when prefill dominated the wait, so it is taken only when:
 //! the request was served by the endpoint it was routed to (no retry), `work` is at least
 //! `min_sample_tokens` (small requests measure fixed costs: HTTP, scheduling, one decode step),
-//! `ttft > fixed`, and the engine's scraped queue was empty at decision time (a request that
-//! waited for a batch slot behind long decodes measured the decodes, not the prefill). Samples are
+//! `ttft > fixed`, the engine's scraped queue was empty at decision time (a request that
+//! waited for a batch slot behind long decodes measured the decodes, not the prefill), and
+//! the request loaded none of its prefix from a slower tier (its first byte waited for the
+//! transfer and then for the engine's next step to notice it: on the offload benchmark at
+//! 20 GB/s, such samples, a few hundred computed tokens over a step's wait, dragged three
+//! identical A100-class replicas' learned speeds to 9.4k-14.8k tokens/s where the same traffic
+//! priced with the flat weight learned 26k-31k, and the slow-looking replicas were avoided). Samples are
 //! clamped to `[min_prefill_tokens_per_s, max_prefill_tokens_per_s]` and averaged (EWMA, `alpha`);
 //! the learned speed replaces the configured one after `min_samples` samples. Small requests
 //! still understate the speed somewhat (their fixed costs are in the denominator); that bias is
@@ -29,6 +34,13 @@
 //! router, a slow host. Its EWMA is added to the endpoint's predictions, clamped to
 //! `0..=max_residual_ms`. Without new samples it decays (halving every `residual_half_life_ms`),
 //! so an endpoint that stopped getting traffic because it looked slow is tried again.
+//!
+//! The **CPU tier's load bandwidth** comes from the engine itself: vLLM's offloading connector
+//! counts the bytes it moved and the time the transfers took (`kv_offload_total_bytes`,
+//! `kv_offload_total_time`, `CPU_to_GPU`). Between two scrapes, one sample is
+//! `Δbytes / Δseconds`, taken when at least [`MIN_LOAD_SAMPLE_BYTES`] moved; samples are
+//! averaged (EWMA, `alpha`) and replace the pool's `kv_tiers.cpu.bandwidth_gb_per_s` after
+//! `min_samples`.
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -47,6 +59,8 @@ pub struct TtftContext {
     pub predicted_ms: f64,
     /// The engine's scraped waiting requests at decision time, if fresh.
     pub engine_waiting: Option<u64>,
+    /// Part of the prefix was to be loaded from a slower tier (no speed sample then).
+    pub tier_load: bool,
 }
 
 /// The samples one observation produced.
@@ -69,6 +83,8 @@ pub struct LearnedSnapshot {
     pub ttft_residual_ms: f64,
     /// Residual samples so far.
     pub residual_samples: u64,
+    /// The CPU tier's learned load bandwidth, GB/s, once trusted.
+    pub cpu_load_gb_per_s: Option<f64>,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +92,23 @@ struct State {
     speed: Ewma,
     /// Fades between samples (`residual_half_life_ms`).
     residual: Ewma,
+    /// CPU tier load bandwidth, bytes per second.
+    cpu_load: Ewma,
+}
+
+/// A CPU-tier bandwidth sample needs at least this many bytes loaded between two scrapes
+/// (1 MiB: a few blocks; smaller transfers measure setup time, not bandwidth).
+pub const MIN_LOAD_SAMPLE_BYTES: f64 = 1_048_576.0;
+
+/// What was learned, as a decision reads it ([`Learned::for_decision`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForDecision {
+    /// Trusted prefill speed, tokens per second; `None` until `min_samples` were taken.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// TTFT residual, ms (0 when off or not trusted yet).
+    pub ttft_residual_ms: f64,
+    /// Trusted CPU tier load bandwidth, bytes per second; `None` until trusted.
+    pub cpu_load_bytes_per_s: Option<f64>,
 }
 
 /// One endpoint's learned speed and residual. Updated once per response, read per decision.
@@ -103,7 +136,11 @@ impl Learned {
         let mut out = Observed::default();
         let prefill_ms = ttft_ms - ctx.fixed_ms;
         let queued_for_slot = ctx.engine_waiting.is_some_and(|w| w > 0);
-        if ctx.work_tokens >= cfg.min_sample_tokens.max(1) && prefill_ms > 0.0 && !queued_for_slot {
+        if ctx.work_tokens >= cfg.min_sample_tokens.max(1)
+            && prefill_ms > 0.0
+            && !queued_for_slot
+            && !ctx.tier_load
+        {
             let speed = (ctx.work_tokens as f64 / (prefill_ms / 1e3))
                 .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s);
             out.speed_tokens_per_s = Some(speed);
@@ -142,22 +179,49 @@ impl Learned {
             .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
     }
 
-    /// [`Self::prefill_tokens_per_s`] and [`Self::ttft_residual_ms`] under one lock: what a
-    /// decision asks of every candidate (hundreds of them at 256 endpoints).
-    pub fn for_decision(&self, cfg: &LearningConfig, now: Instant) -> (Option<f64>, f64) {
+    /// What a decision asks of every candidate (hundreds of them at 256 endpoints), under one
+    /// lock: [`Self::prefill_tokens_per_s`], [`Self::ttft_residual_ms`] and
+    /// [`Self::cpu_load_bytes_per_s`].
+    pub fn for_decision(&self, cfg: &LearningConfig, now: Instant) -> ForDecision {
         if !cfg.enabled {
-            return (None, 0.0);
+            return ForDecision::default();
         }
         let s = self.state.lock();
-        let speed = s.speed.trusted(cfg.min_samples);
-        let residual = if cfg.ttft_residual {
+        let ttft_residual_ms = if cfg.ttft_residual {
             s.residual
                 .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
                 .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
         } else {
             0.0
         };
-        (speed, residual)
+        ForDecision {
+            prefill_tokens_per_s: s.speed.trusted(cfg.min_samples),
+            ttft_residual_ms,
+            cpu_load_bytes_per_s: s.cpu_load.trusted(cfg.min_samples),
+        }
+    }
+
+    /// Learns the CPU tier's bandwidth from `bytes` loaded in `seconds` of transfers since the
+    /// previous scrape; returns the sample taken, bytes per second.
+    pub fn observe_cpu_load(&self, bytes: f64, seconds: f64, cfg: &LearningConfig) -> Option<f64> {
+        let measurable = bytes >= MIN_LOAD_SAMPLE_BYTES && seconds > 0.0;
+        if !cfg.enabled || !measurable {
+            return None;
+        }
+        let sample = bytes / seconds;
+        if !sample.is_finite() {
+            return None;
+        }
+        self.state.lock().cpu_load.add(sample, cfg.alpha);
+        Some(sample)
+    }
+
+    /// The CPU tier's learned load bandwidth, bytes per second, once `min_samples` were taken.
+    pub fn cpu_load_bytes_per_s(&self, cfg: &LearningConfig) -> Option<f64> {
+        if !cfg.enabled {
+            return None;
+        }
+        self.state.lock().cpu_load.trusted(cfg.min_samples)
     }
 
     /// What was learned, as of `now`.
@@ -171,6 +235,7 @@ impl Learned {
             speed_samples,
             ttft_residual_ms: self.ttft_residual_ms(cfg, now),
             residual_samples,
+            cpu_load_gb_per_s: self.cpu_load_bytes_per_s(cfg).map(|b| b / 1e9),
         }
     }
 }
@@ -186,6 +251,7 @@ mod tests {
             fixed_ms: 5.0,
             predicted_ms,
             engine_waiting: Some(0),
+            tier_load: false,
         }
     }
 
@@ -227,6 +293,17 @@ mod tests {
             None,
             "waited for a batch slot"
         );
+        let loaded = TtftContext {
+            tier_load: true,
+            ..ctx(2000, 0.0)
+        };
+        assert_eq!(
+            learned
+                .observe(&loaded, 900.0, &cfg, now)
+                .speed_tokens_per_s,
+            None,
+            "waited for a transfer from a slower tier"
+        );
         assert_eq!(
             learned
                 .observe(&ctx(2000, 0.0), 4.0, &cfg, now)
@@ -247,6 +324,73 @@ mod tests {
             Observed::default()
         );
         assert_eq!(learned.prefill_tokens_per_s(&off), None);
+    }
+
+    #[test]
+    fn cpu_tier_bandwidth_is_learned_from_the_engines_transfer_counters() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        // 20 MB in 1 ms of transfers: 20 GB/s; trusted after min_samples.
+        for i in 0..cfg.min_samples {
+            assert_eq!(learned.cpu_load_bytes_per_s(&cfg), None, "sample {i}");
+            assert_eq!(learned.observe_cpu_load(20e6, 1e-3, &cfg), Some(20e9));
+        }
+        assert_eq!(learned.cpu_load_bytes_per_s(&cfg), Some(20e9));
+        // Too little moved, no time, nonsense: no sample.
+        for (bytes, s) in [(1000.0, 1e-6), (20e6, 0.0), (f64::NAN, 1.0), (20e6, -1.0)] {
+            assert_eq!(
+                learned.observe_cpu_load(bytes, s, &cfg),
+                None,
+                "{bytes} {s}"
+            );
+        }
+        let off = LearningConfig {
+            enabled: false,
+            ..cfg
+        };
+        assert_eq!(learned.cpu_load_bytes_per_s(&off), None);
+    }
+
+    /// One lock for a decision reads what the three getters read, in every configuration.
+    #[tokio::test(start_paused = true)]
+    async fn for_decision_reads_what_the_getters_read() {
+        let on = LearningConfig {
+            ttft_residual: true,
+            ..LearningConfig::default()
+        };
+        let learned = Learned::default();
+        let agree = |cfg: &LearningConfig| {
+            let now = Instant::now();
+            let d = learned.for_decision(cfg, now);
+            assert_eq!(
+                d,
+                ForDecision {
+                    prefill_tokens_per_s: learned.prefill_tokens_per_s(cfg),
+                    ttft_residual_ms: learned.ttft_residual_ms(cfg, now),
+                    cpu_load_bytes_per_s: learned.cpu_load_bytes_per_s(cfg),
+                }
+            );
+            d
+        };
+        assert_eq!(agree(&on), ForDecision::default(), "nothing learned yet");
+        for _ in 0..on.min_samples {
+            learned.observe(&ctx(2000, 100.0), 400.0, &on, Instant::now());
+            learned.observe_cpu_load(20e6, 1e-3, &on);
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let d = agree(&on);
+        assert!(d.prefill_tokens_per_s.is_some() && d.cpu_load_bytes_per_s.is_some());
+        assert!(d.ttft_residual_ms > 0.0, "{d:?}");
+        let no_residual = LearningConfig {
+            ttft_residual: false,
+            ..on.clone()
+        };
+        assert_eq!(agree(&no_residual).ttft_residual_ms, 0.0);
+        let off = LearningConfig {
+            enabled: false,
+            ..on
+        };
+        assert_eq!(agree(&off), ForDecision::default());
     }
 
     #[tokio::test(start_paused = true)]

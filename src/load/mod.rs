@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use engine::{EngineSample, EngineSignal, EngineState, LoraInfo};
-pub use learned::{Learned, LearnedSnapshot, TtftContext};
+pub use learned::{ForDecision, Learned, LearnedSnapshot, TtftContext};
 
 /// Live load state of one endpoint. Shared by every endpoint-set snapshot that contains the
 /// endpoint, so a config reload never resets it.
@@ -31,6 +31,9 @@ pub struct EndpointLoad {
     in_flight_prefill_tokens: AtomicU64,
     in_flight_prefilling: AtomicU64,
     requests_total: AtomicU64,
+    /// Moving average of the prompt tokens routed here to prefill (1/8 weight to the newest;
+    /// 0 until the first).
+    typical_prefill_tokens: AtomicU64,
     /// The engine's own load, as last scraped.
     pub engine: EngineState,
     /// Speed and TTFT residual learned from responses.
@@ -51,6 +54,10 @@ pub struct LoadSnapshot {
     pub in_flight_prefilling: u64,
     /// Requests ever routed here.
     pub requests_total: u64,
+    /// Moving average of the prompt tokens each routed request gave the endpoint to prefill
+    /// (uncached), weighing the newest 1/8; 0 before the first. What flow control's predicted
+    /// room takes as the endpoint's typical request.
+    pub typical_prefill_tokens: u64,
 }
 
 impl EndpointLoad {
@@ -61,6 +68,7 @@ impl EndpointLoad {
             in_flight_prefill_tokens: self.in_flight_prefill_tokens.load(Ordering::Relaxed),
             in_flight_prefilling: self.in_flight_prefilling.load(Ordering::Relaxed),
             requests_total: self.requests_total.load(Ordering::Relaxed),
+            typical_prefill_tokens: self.typical_prefill_tokens.load(Ordering::Relaxed),
         }
     }
 
@@ -70,7 +78,17 @@ impl EndpointLoad {
         self.in_flight_prefill_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
         self.in_flight_prefilling.fetch_add(1, Ordering::Relaxed);
-        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        let first = self.requests_total.fetch_add(1, Ordering::Relaxed) == 0;
+        // Integer EWMA; two racing updates may lose one sample, which an average tolerates.
+        let _ =
+            self.typical_prefill_tokens
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    Some(if first {
+                        prompt_tokens
+                    } else {
+                        (old * 7 + prompt_tokens) / 8
+                    })
+                });
         InflightGuard {
             load: Arc::clone(self),
             prefill_tokens: prompt_tokens,
@@ -134,7 +152,9 @@ mod tests {
                 in_flight_requests: 2,
                 in_flight_prefill_tokens: 150,
                 in_flight_prefilling: 2,
-                requests_total: 2
+                requests_total: 2,
+                // The first request sets the average, the second weighs 1/8.
+                typical_prefill_tokens: (100 * 7 + 50) / 8,
             }
         );
         a.prefill_done();

@@ -47,9 +47,42 @@
 //! as costly (its TTFT ties with the holder's, the tie goes to the lighter one), yet on small
 //! caches each copy evicts other groups' prefixes: the recorded decisions of issue 13 show the
 //! hit-rate gap to `prefix-affinity` coming from such copies and the misses they caused later.
+//!
+//! # Prefixes in slower tiers
+//!
+//! An engine with an offload tier (vLLM's `OffloadingConnector`, LMCache) keeps blocks that
+//! left GPU memory in CPU memory, on disk or in a remote store, and its KV events say where
+//! (`medium`). A request whose prefix is there is served by loading those blocks back: the
+//! engine looks up the GPU first, then the tier for the blocks after the GPU hit, and loads
+//! every consecutive tier hit (vLLM's scheduler asks the connector for
+//! `get_num_new_matched_tokens` and falls back to recomputing only when a load fails or times
+//! out); it does not weigh the load against recomputing. So on a candidate the tier tokens
+//! cost their load time, and the choice between loading and recomputing is the router's: send
+//! the request to the holder (load) or elsewhere (recompute, at that candidate's speed):
+//!
+//! ```text
+//! ttft(e) = base_ms + queue_wait(e) + compute_tokens(e) / prefill_speed(e) + load_ms(e)
+//! compute_tokens(e) = prompt - tokens held on e in any tier
+//! load_ms(e) = sum over tiers t holding part of the prefix on e only:
+//!              latency_ms(t) + tokens(t) * kv_bytes_per_token / bandwidth(t)
+//! ```
+//!
+//! A flat weight per medium (`kv_events.medium_weights`, cpu 0.8: a CPU token costs a fifth
+//! of its recompute) cannot be right on both sides of a fleet. Llama-3.1-8B's KV is 128 KiB a
+//! token; at 20 GB/s (PCIe 4.0 x16 in practice) a token loads in 6.6 us, at 3 GB/s (NVMe)
+//! in 44 us, at 1 GB/s (a remote store on a loaded 10 GbE link) in 131 us. Recomputing costs
+//! 330 us a token on an L4 (~3k tokens/s), 100 us on an A100, 32 us on an H100. So a 6,000-token
+//! prefix on NVMe saves an L4 1.7 s (0.26 s to load against 2 s to recompute) and costs an H100
+//! 70 ms more than recomputing it (0.26 s against 0.19 s); a remote store at 1 GB/s loses to
+//! recomputing even on an A100 (0.52 s against 0.40 s for 4,000 tokens), which the weight
+//! (`other` 0.5) would still count as half cached. The tests below are these cases.
+//!
+//! The load moves bytes over the host link while the GPU computes other requests' steps
+//! (vLLM's loads are asynchronous DMA: the request waits, the batch does not), so it delays
+//! only this request: the externality and eviction terms charge the compute only.
 
 use super::{CandidateView, RequestView};
-use crate::config::PredictedTtftConfig;
+use crate::config::{OffloadPricing, PredictedTtftConfig};
 
 /// One candidate's predicted time to first token, with its parts (ms).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -58,9 +91,12 @@ pub struct Prediction {
     pub queue_ms: f64,
     /// Prefilling this request's uncached tokens.
     pub prefill_ms: f64,
+    /// Loading the prefix tokens held only in slower tiers back into GPU memory (0 under
+    /// `medium-weights` pricing).
+    pub load_ms: f64,
     /// The learned residual included in `queue_ms`.
     pub residual_ms: f64,
-    /// The total, `base_ms + queue_ms + prefill_ms`.
+    /// The total, `base_ms + queue_ms + prefill_ms + load_ms`.
     pub ttft_ms: f64,
     /// The delay this request's prefill imposes on the requests expected to wait behind it,
     /// weighted (`externality_weight * prefill_ms * delayed requests`).
@@ -85,6 +121,8 @@ pub struct CostModel {
     pub externality_weight: f64,
     /// Weight of the cached tokens a prefill evicts (0: unpriced).
     pub eviction_weight: f64,
+    /// How prefix tokens held only in slower tiers are priced.
+    pub offload_pricing: OffloadPricing,
 }
 
 impl From<&PredictedTtftConfig> for CostModel {
@@ -95,6 +133,7 @@ impl From<&PredictedTtftConfig> for CostModel {
             waiting_request_ms: c.waiting_request_ms,
             externality_weight: c.externality_weight,
             eviction_weight: c.eviction_weight,
+            offload_pricing: c.offload_pricing,
         }
     }
 }
@@ -149,11 +188,32 @@ impl CostModel {
         }
     }
 
+    /// Prompt tokens `c` must compute for `request`: under `load-time` pricing those it holds
+    /// in no tier; under `medium-weights` those its weighted match leaves.
+    pub fn compute_tokens(&self, request: &RequestView, c: &CandidateView) -> u64 {
+        match self.offload_pricing {
+            OffloadPricing::LoadTime => request
+                .prompt_tokens
+                .saturating_sub(c.held_tokens.max(c.matched_tokens)),
+            OffloadPricing::MediumWeights => c.uncached_tokens(request),
+        }
+    }
+
+    /// Time `c` takes to load the prefix tokens it holds only in slower tiers, ms (0 under
+    /// `medium-weights` pricing, which discounts them instead).
+    pub fn load_ms(&self, c: &CandidateView) -> f64 {
+        match self.offload_pricing {
+            OffloadPricing::LoadTime => c.offloaded.iter().map(|t| t.load_ms()).sum(),
+            OffloadPricing::MediumWeights => 0.0,
+        }
+    }
+
     /// The predicted TTFT of `request` on `c`.
     pub fn predict(&self, request: &RequestView, c: &CandidateView) -> Prediction {
         let queue_ms = self.queue_ms(c);
-        let prefill_ms = self.prefill_ms(c.uncached_tokens(request), c);
-        let ttft_ms = self.base_ms + queue_ms + prefill_ms;
+        let prefill_ms = self.prefill_ms(self.compute_tokens(request, c), c);
+        let load_ms = self.load_ms(c);
+        let ttft_ms = self.base_ms + queue_ms + prefill_ms + load_ms;
         let arrivals = if request.arrivals_per_endpoint_s.is_finite() {
             request.arrivals_per_endpoint_s.max(0.0) * prefill_ms / 1e3
         } else {
@@ -164,6 +224,7 @@ impl CostModel {
         Prediction {
             queue_ms,
             prefill_ms,
+            load_ms,
             residual_ms: Self::residual(c),
             ttft_ms,
             externality_ms,
@@ -189,6 +250,7 @@ mod tests {
             waiting_request_ms: 0.0,
             externality_weight: 0.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         let prompt = request(4000);
         // 220 ms of queue at 10 tokens/ms is 2,200 prefill tokens ahead; 20 ms is 200.
@@ -220,6 +282,7 @@ mod tests {
             waiting_request_ms: 100.0,
             externality_weight: 0.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         let mut fast = cached(1, 2, 0, 0);
         fast.prefill_tokens_per_s = 30_000.0;
@@ -245,6 +308,7 @@ mod tests {
             waiting_request_ms: 100.0,
             externality_weight: 0.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         let prompt = request(4000);
         // The holder saves 300 ms of prefill, but its engine queues 4 requests for batch slots
@@ -282,6 +346,7 @@ mod tests {
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         // The router awaits first bytes of 3 requests (600 tokens) there; the engine queues 5.
         let mut c = cached(1, 3, 600, 0);
@@ -311,6 +376,7 @@ mod tests {
             waiting_request_ms: 0.0,
             externality_weight: 1.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         let mut prompt = request(4000);
         let holder = cached(1, 0, 0, 3000);
@@ -346,6 +412,7 @@ mod tests {
             waiting_request_ms: 0.0,
             externality_weight: 1.0,
             eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
         };
         let prompt = request(1800);
         // The holder is prefilling the leader's 1,650 tokens; the follower adds 150.
@@ -376,5 +443,132 @@ mod tests {
             (202.5, 270.0),
             "keep the prefix where it is"
         );
+    }
+
+    /// Llama-3.1-8B's KV per token, bytes.
+    const KV: f64 = 131_072.0;
+
+    fn tier(tokens: u64, gb_per_s: f64, latency_ms: f64) -> crate::policy::TierHold {
+        crate::policy::TierHold {
+            tokens,
+            bytes_per_token: KV,
+            bytes_per_s: gb_per_s * 1e9,
+            latency_ms,
+        }
+    }
+
+    /// A candidate prefilling `speed` tokens/s that holds `cpu` prefix tokens only in CPU
+    /// memory and `other` only on slower media, at those bandwidths (GB/s), with matched
+    /// tokens weighted as `kv_events.medium_weights`' defaults (0.8, 0.5) would count them.
+    fn offloaded(port: u16, speed: f64, cpu: (u64, f64), other: (u64, f64)) -> CandidateView {
+        let mut c = crate::policy::testing::held(port, 0, 0, cpu.0 + other.0);
+        c.matched_tokens = (cpu.0 as f64 * 0.8 + other.0 as f64 * 0.5) as u64;
+        c.offloaded = [tier(cpu.0, cpu.1, 1.0), tier(other.0, other.1, 5.0)];
+        c.prefill_tokens_per_s = speed;
+        c
+    }
+
+    fn cold(port: u16, speed: f64) -> CandidateView {
+        let mut c = cached(port, 0, 0, 0);
+        c.prefill_tokens_per_s = speed;
+        c
+    }
+
+    fn pricing(offload_pricing: OffloadPricing) -> CostModel {
+        CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 0.0,
+            externality_weight: 0.0,
+            eviction_weight: 0.0,
+            offload_pricing,
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 0.1
+    }
+
+    /// An 8,000-token prompt whose first 6,000 tokens sit on one replica's NVMe (3 GB/s: 44 us
+    /// a token, 262 ms + 5 ms), beside an idle replica that holds nothing. On L4-class GPUs
+    /// (3,000 tokens/s) loading saves 1.7 s; on H100-class ones (40,000 tokens/s) recomputing
+    /// everything elsewhere (200 ms) beats loading (267 ms + 50 ms for the rest). A flat
+    /// weight (0.5 for a slow medium) sends it to the holder on both.
+    #[test]
+    fn a_prefix_on_disk_beats_recomputing_on_a_slow_gpu_but_not_on_a_fast_one() {
+        let model = pricing(OffloadPricing::LoadTime);
+        let flat = pricing(OffloadPricing::MediumWeights);
+        let prompt = request(8000);
+        for (speed, holder_ms, cold_ms, holder_wins) in [
+            (3_000.0, 5.0 + 262.1 + 666.7, 2666.7, true),
+            (40_000.0, 5.0 + 262.1 + 50.0, 200.0, false),
+        ] {
+            let holder = offloaded(1, speed, (0, 20.0), (6000, 3.0));
+            let other = cold(2, speed);
+            let (h, c) = (
+                model.predict(&prompt, &holder),
+                model.predict(&prompt, &other),
+            );
+            assert!(close(h.load_ms, 267.1), "{h:?}");
+            assert!(
+                close(h.ttft_ms, holder_ms) && close(c.ttft_ms, cold_ms),
+                "{h:?} {c:?}"
+            );
+            assert_eq!(h.ttft_ms < c.ttft_ms, holder_wins, "at {speed} tokens/s");
+            // The weight counts 3,000 of the 6,000 tokens as cached and charges no transfer.
+            let (fh, fc) = (
+                flat.predict(&prompt, &holder),
+                flat.predict(&prompt, &other),
+            );
+            assert_eq!(fh.load_ms, 0.0);
+            assert!(
+                fh.ttft_ms < fc.ttft_ms,
+                "the flat weight picks the holder at {speed}"
+            );
+        }
+    }
+
+    /// 4,000 prefix tokens of a 4,100-token prompt on an A100-class replica (10,000 tokens/s):
+    /// from CPU memory at 20 GB/s they load in 27 ms, from a remote store at 1 GB/s in 529 ms,
+    /// longer than recomputing the whole prompt on an idle replica (410 ms).
+    #[test]
+    fn a_slow_remote_tier_loses_to_recomputing() {
+        let model = pricing(OffloadPricing::LoadTime);
+        let prompt = request(4100);
+        let other = cold(3, 10_000.0);
+        let in_cpu = offloaded(1, 10_000.0, (4000, 20.0), (0, 1.0));
+        let remote = offloaded(2, 10_000.0, (0, 20.0), (4000, 1.0));
+        let [c, r, o] = [&in_cpu, &remote, &other].map(|x| model.predict(&prompt, x));
+        assert!(close(c.ttft_ms, 1.0 + 26.2 + 10.0), "{c:?}");
+        assert!(close(r.ttft_ms, 5.0 + 524.3 + 10.0), "{r:?}");
+        assert!(close(o.ttft_ms, 410.0));
+        assert!(c.ttft_ms < o.ttft_ms && o.ttft_ms < r.ttft_ms);
+        // Both tiers at once: the prefix's part in each loads at that tier's speed.
+        let both = offloaded(4, 10_000.0, (2000, 20.0), (2000, 1.0));
+        let b = model.predict(&prompt, &both);
+        assert!(close(b.load_ms, 1.0 + 13.1 + 5.0 + 262.1), "{b:?}");
+        assert_eq!(model.compute_tokens(&prompt, &both), 100);
+    }
+
+    /// The load delays only the request itself (the GPU computes other requests meanwhile):
+    /// with four requests queued, the holder's cost adds the delay of its 100-token prefill
+    /// behind it, not of its 262 ms of loading; the cold replica's adds its whole prefill.
+    #[test]
+    fn loading_charges_no_one_queued_behind() {
+        let mut model = pricing(OffloadPricing::LoadTime);
+        model.externality_weight = 1.0;
+        let prompt = request(4100);
+        let mut holder = offloaded(1, 10_000.0, (0, 20.0), (4000, 2.0));
+        holder.load.in_flight_prefilling = 4;
+        let mut other = cold(2, 10_000.0);
+        other.load.in_flight_prefilling = 4;
+        let (h, c) = (
+            model.predict(&prompt, &holder),
+            model.predict(&prompt, &other),
+        );
+        assert!(close(h.load_ms, 5.0 + 262.1));
+        assert!(close(h.externality_ms, 10.0 * 4.0), "{h:?}");
+        assert!(close(c.externality_ms, 410.0 * 4.0), "{c:?}");
+        assert!(h.cost_ms < c.cost_ms);
     }
 }

@@ -71,6 +71,32 @@ pub struct RouterLoad {
     pub in_flight_prefilling: u64,
 }
 
+/// Prompt-prefix tokens a candidate holds only in one tier slower than GPU memory (its KV
+/// events say where), with what loading them back into GPU memory costs there.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TierHold {
+    /// Tokens of the prompt's prefix held there only in this tier (part of `held_tokens`).
+    pub tokens: u64,
+    /// KV bytes per token of the request's model.
+    pub bytes_per_token: f64,
+    /// The tier's load bandwidth, bytes per second (> 0).
+    pub bytes_per_s: f64,
+    /// Fixed time a load from the tier adds, ms.
+    pub latency_ms: f64,
+}
+
+impl TierHold {
+    /// The tier's KV as an engine (vLLM's `OffloadingConnector`, LMCache) loads it back: the
+    /// bytes over the bandwidth plus the latency, ms; 0 when nothing is held there.
+    pub fn load_ms(&self) -> f64 {
+        if self.tokens == 0 {
+            return 0.0;
+        }
+        self.latency_ms
+            + self.tokens as f64 * self.bytes_per_token / self.bytes_per_s.max(1e-9) * 1e3
+    }
+}
+
 /// What a policy knows about one candidate endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CandidateView {
@@ -89,6 +115,9 @@ pub struct CandidateView {
     /// Tokens of the prompt prefix held there in any tier (GPU or offloaded), each counted in
     /// full: what a cache lookup that ignores the tier (LMCache's) would report.
     pub held_tokens: u64,
+    /// Of `held_tokens`, those held only in CPU memory (`[0]`) and only on slower media
+    /// (`[1]`: disk, a remote store), with their load costs. Zero without KV events.
+    pub offloaded: [TierHold; 2],
     /// The endpoint's prefill speed (configured or learned), prompt tokens per second, > 0.
     pub prefill_tokens_per_s: f64,
     /// The engine's scraped load, when fresh (`None` when stale, missing or not scraped: the
@@ -331,6 +360,7 @@ pub(crate) mod testing {
             matched_tokens: 0,
             confirmed_tokens: 0,
             held_tokens: 0,
+            offloaded: [TierHold::default(); 2],
             prefill_tokens_per_s: 10_000.0,
             engine: None,
             ttft_residual_ms: 0.0,

@@ -40,7 +40,7 @@ pub mod tenant;
 pub mod tokenizer;
 
 pub use hash::{BlockHasher, ChainState, Namespace};
-pub use registry::TokenizerRegistry;
+pub use registry::{DeferredPrefix, TokenizerRegistry};
 pub use tenant::{TenancyError, TenantSalts};
 pub use tokenizer::{ModelTokenizer, PromptTokens};
 
@@ -75,6 +75,10 @@ pub struct PrefixIdentity {
     pub deadline_cut: bool,
     /// Why the byte estimate was used, when it was.
     pub fallback: Option<Fallback>,
+    /// Set when the new text after the prefix was left for after the decision
+    /// (`models[].defer_tokenizing_after`): the hashes cover the cached prefix, `tokens`
+    /// estimates the rest, and [`DeferredPrefix::finish`] gives the whole prompt's hashes.
+    pub deferred: Option<DeferredPrefix>,
 }
 
 impl PrefixIdentity {
@@ -86,11 +90,13 @@ impl PrefixIdentity {
     /// Which identity this is, for decision records and metrics: `tokens` (the whole prompt
     /// tokenized, or request token ids), `tokens-capped` (the first `max_prefix_tokens`
     /// tokenized, the rest estimated), `tokens-partial` (the deadline stopped tokenizing: the
-    /// prefix so far) or `bytes` (the byte estimate; [`Self::fallback`] says why).
+    /// prefix so far), `tokens-deferred` (the prefix tokenized before new text; the rest is
+    /// tokenized after the decision) or `bytes` (the byte estimate; [`Self::fallback`] says why).
     pub fn source(&self) -> &'static str {
         match (self.fallback, self.deadline_cut, self.truncated) {
             (Some(_), _, _) => "bytes",
             (None, true, _) => "tokens-partial",
+            _ if self.deferred.is_some() => "tokens-deferred",
             (None, false, true) => "tokens-capped",
             (None, false, false) => "tokens",
         }
@@ -186,5 +192,7 @@ pub enum PrefixError {
 
 #[cfg(test)]
 mod budget_tests;
+#[cfg(test)]
+mod defer_tests;
 #[cfg(test)]
 pub(crate) mod tests;

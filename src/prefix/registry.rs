@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::bytes::byte_block_hashes;
 use super::hash::{BlockHasher, Namespace};
 use super::template::RenderLimits;
-use super::tokenizer::{ModelTokenizer, PromptTokens, TokenizerFiles};
+use super::tokenizer::{DeferredText, ModelTokenizer, PromptTokens, TokenizerFiles};
 use super::{estimate_tokens, Fallback, PrefixError, PrefixIdentity};
 use crate::config::ModelConfig;
 use crate::request::{ParsedRequest, Prompt, PromptInput};
@@ -120,10 +120,37 @@ impl TokenizerRegistry {
         ns: &Namespace,
         deadline: Option<Instant>,
     ) -> PrefixIdentity {
+        self.identify_inner(request, ns, deadline, false)
+    }
+
+    /// [`Self::identify_until`] as routing uses it: a chat may be identified by the prefix
+    /// tokenized once the model's `defer_tokenizing_after` fraction of it is, and the rest of
+    /// the work handed back in [`PrefixIdentity::deferred`] (see
+    /// [`ModelTokenizer::tokenize_chat_deferring`]).
+    pub fn identify_for_routing(
+        &self,
+        request: &ParsedRequest<'_>,
+        ns: &Namespace,
+        deadline: Option<Instant>,
+    ) -> PrefixIdentity {
+        self.identify_inner(request, ns, deadline, true)
+    }
+
+    fn identify_inner(
+        &self,
+        request: &ParsedRequest<'_>,
+        ns: &Namespace,
+        deadline: Option<Instant>,
+        may_defer: bool,
+    ) -> PrefixIdentity {
         let hasher = self.hasher(ns);
         let bs = hasher.block_size_tokens();
         let max_blocks = (self.max_prefix_tokens(ns.model()) / bs) as usize;
-        let tokenizer = self.tokenizer(ns.model());
+        let entry = self.models.get(ns.model());
+        let tokenizer = entry.and_then(|e| e.tokenizer.as_ref());
+        let defer = entry
+            .map(|e| e.config.defer_tokenizing_after)
+            .filter(|&f| may_defer && f < 1.0);
 
         let exact = |ids: &[u32], tokens: u64, truncated: bool| PrefixIdentity {
             tokens,
@@ -133,6 +160,7 @@ impl TokenizerRegistry {
             truncated,
             deadline_cut: false,
             fallback: None,
+            deferred: None,
         };
         let tokenized = match (&request.prompt, tokenizer) {
             (Prompt::None, _) => return exact(&[], 0, false),
@@ -146,7 +174,7 @@ impl TokenizerRegistry {
             }
             (_, None) => Err(Fallback::NoTokenizer),
             (Prompt::Chat(messages), Some(t)) => t
-                .tokenize_chat_until(messages, deadline)
+                .tokenize_chat_deferring(messages, deadline, defer)
                 .map_err(Fallback::from),
             (Prompt::Input(PromptInput::Text(text)), Some(t)) => t
                 .tokenize_text_until(text, deadline)
@@ -163,7 +191,19 @@ impl TokenizerRegistry {
             }
         };
         match tokenized {
-            Ok(p) => identity_from_tokens(p, &hasher, max_blocks),
+            Ok(mut p) => {
+                let deferred = p.deferred.take().and_then(|text| {
+                    Some(DeferredPrefix(Arc::new(DeferredWork {
+                        entry: Arc::clone(entry?),
+                        text,
+                        hasher,
+                        max_blocks,
+                    })))
+                });
+                let mut identity = identity_from_tokens(p, &hasher, max_blocks);
+                identity.deferred = deferred;
+                identity
+            }
             Err(reason) => PrefixIdentity {
                 tokens: estimate_tokens(request.prompt.text_bytes()),
                 block_hashes: byte_block_hashes(
@@ -176,8 +216,54 @@ impl TokenizerRegistry {
                 truncated: false,
                 deadline_cut: false,
                 fallback: Some(reason),
+                deferred: None,
             },
         }
+    }
+}
+
+/// The rest of a deferred identity's work: tokenizing the new text and hashing the whole
+/// prompt. Cheap to clone; never shows the text.
+#[derive(Clone)]
+pub struct DeferredPrefix(Arc<DeferredWork>);
+
+struct DeferredWork {
+    entry: Arc<ModelEntry>,
+    text: DeferredText,
+    hasher: BlockHasher,
+    max_blocks: usize,
+}
+
+impl DeferredPrefix {
+    /// The whole prompt's block hashes (those of the decision's identity, then the rest's), as
+    /// [`TokenizerRegistry::identify`] would have given them; the new text's token ids go into
+    /// the model's token cache on the way. `None` if the tokenizer fails on the text.
+    pub fn finish(&self) -> Option<Vec<u64>> {
+        let w = &self.0;
+        let tokenizer = w.entry.tokenizer.as_ref()?;
+        let tokens = tokenizer.tokenize_deferred(&w.text).ok()?;
+        Some(w.hasher.hash_tokens(&tokens.ids, w.max_blocks))
+    }
+
+    /// Bytes of rendered prompt left for [`Self::finish`].
+    pub fn untokenized_bytes(&self) -> usize {
+        self.0.text.untokenized_bytes()
+    }
+}
+
+impl PartialEq for DeferredPrefix {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.text == other.0.text
+    }
+}
+
+impl Eq for DeferredPrefix {}
+
+impl std::fmt::Debug for DeferredPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredPrefix")
+            .field("text", &self.0.text)
+            .finish()
     }
 }
 
@@ -211,6 +297,7 @@ fn identity_from_tokens(
         truncated: p.truncated,
         deadline_cut: p.deadline_cut,
         fallback: None,
+        deferred: None,
     }
 }
 

@@ -60,6 +60,68 @@ pub struct PromptTokens {
     /// Media content hashes with the token offset where the content of the message that carries
     /// them starts.
     pub media: Vec<(u64, u64)>,
+    /// Set when tokenizing stopped at the first segment not in the token cache because enough of
+    /// the prompt was (see [`ModelTokenizer::tokenize_chat_deferring`]): the rendered prompt, to
+    /// tokenize whole after the decision. `ids` are then the exact cached prefix.
+    pub deferred: Option<DeferredText>,
+}
+
+/// A rendered chat whose tokenizing stopped at `from` (a segment start, in bytes): what the
+/// rest of the work needs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DeferredText {
+    text: String,
+    from: usize,
+}
+
+impl DeferredText {
+    /// Bytes of rendered text not tokenized yet.
+    pub fn untokenized_bytes(&self) -> usize {
+        self.text.len() - self.from
+    }
+}
+
+impl std::fmt::Debug for DeferredText {
+    // Never the text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredText")
+            .field("bytes", &self.text.len())
+            .field("from", &self.from)
+            .finish()
+    }
+}
+
+/// What bounds one tokenizing besides the cap.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits {
+    /// Past it, stop at the next segment boundary.
+    deadline: Option<Instant>,
+    /// Stop at the first uncached segment once this fraction of the text is tokenized.
+    defer: Option<f64>,
+}
+
+/// [`PromptTokens`] before the deferred text is attached: where tokenizing stopped, if it was
+/// deferred.
+struct Tokenized {
+    ids: Vec<u32>,
+    total_tokens: u64,
+    truncated: bool,
+    deadline_cut: bool,
+    media: Vec<(u64, u64)>,
+    deferred_from: Option<usize>,
+}
+
+impl From<Tokenized> for PromptTokens {
+    fn from(t: Tokenized) -> PromptTokens {
+        PromptTokens {
+            ids: t.ids,
+            total_tokens: t.total_tokens,
+            truncated: t.truncated,
+            deadline_cut: t.deadline_cut,
+            media: t.media,
+            deferred: None,
+        }
+    }
 }
 
 /// A loaded tokenizer with its chat template and segment cache.
@@ -224,6 +286,27 @@ impl ModelTokenizer {
         messages: &[ChatMessage<'_>],
         deadline: Option<Instant>,
     ) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_chat_deferring(messages, deadline, None)
+    }
+
+    /// [`Self::tokenize_chat_until`] that may leave the new text for later: with
+    /// `defer_after` = `Some(f)`, once `f` of the rendered prompt's bytes is tokenized (from
+    /// the cache or just now), tokenizing stops at the next segment the token cache does not
+    /// hold. The ids are then an exact prefix (their block hashes a prefix of the whole's),
+    /// the rest of the count is estimated at the tokenized part's bytes per token, and
+    /// [`PromptTokens::deferred`] carries the rendered prompt for [`Self::tokenize_deferred`].
+    /// Not with media (their token offsets come from tokenizing) or without the segment cache.
+    ///
+    /// Why: the text a router has never seen (a new user turn, the previous answer) is what
+    /// costs (~2 us a word here), and it can only match an engine's cache if the prefix before
+    /// it does. A candidate holding the new text too (a retry, another router's request) is
+    /// under-credited by at most its length: the cost of deciding without waiting for it.
+    pub fn tokenize_chat_deferring(
+        &self,
+        messages: &[ChatMessage<'_>],
+        deadline: Option<Instant>,
+        defer_after: Option<f64>,
+    ) -> Result<PromptTokens, PrefixError> {
         let template = self.template.as_ref().ok_or(PrefixError::NoChatTemplate)?;
         if past(deadline) {
             return Err(PrefixError::Deadline);
@@ -240,12 +323,31 @@ impl ModelTokenizer {
         } else {
             Vec::new()
         };
-        self.tokenize_inner(&text, false, self.segments_verified, deadline, &media)
+        let defer = defer_after.filter(|_| media.is_empty() && self.segments_verified);
+        let tokenized = self.tokenize_inner(
+            &text,
+            false,
+            self.segments_verified,
+            Limits { deadline, defer },
+            &media,
+        )?;
+        let from = tokenized.deferred_from;
+        let mut tokens = PromptTokens::from(tokenized);
+        tokens.deferred = from.map(|from| DeferredText { text, from });
+        Ok(tokens)
+    }
+
+    /// The whole prompt of a deferred tokenizing (through the token cache, which it fills for
+    /// the requests that follow): what [`Self::tokenize_chat_until`] would have given.
+    pub fn tokenize_deferred(&self, deferred: &DeferredText) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_inner(&deferred.text, false, true, Limits::default(), &[])
+            .map(Into::into)
     }
 
     /// Tokenizes a completion prompt, adding special tokens (BOS...) as vLLM does by default.
     pub fn tokenize_text(&self, text: &str) -> Result<PromptTokens, PrefixError> {
-        self.tokenize_inner(text, true, false, None, &[])
+        self.tokenize_inner(text, true, false, Limits::default(), &[])
+            .map(Into::into)
     }
 
     /// [`Self::tokenize_text`] within a deadline: past it before tokenizing,
@@ -272,7 +374,8 @@ impl ModelTokenizer {
         add_special_tokens: bool,
         segmented: bool,
     ) -> Result<PromptTokens, PrefixError> {
-        self.tokenize_inner(text, add_special_tokens, segmented, None, &[])
+        self.tokenize_inner(text, add_special_tokens, segmented, Limits::default(), &[])
+            .map(Into::into)
     }
 
     /// Tokenizes `text`; `media` (byte offsets into `text`, any order) come back as token
@@ -282,14 +385,16 @@ impl ModelTokenizer {
         text: &str,
         add_special_tokens: bool,
         segmented: bool,
-        deadline: Option<Instant>,
+        limits: Limits,
         media: &[MediaAt],
-    ) -> Result<PromptTokens, PrefixError> {
+    ) -> Result<Tokenized, PrefixError> {
+        let Limits { deadline, defer } = limits;
         let cap = self.max_prefix_tokens;
         let mut ids: Vec<u32> = Vec::new();
         let mut consumed = 0usize; // bytes of `text` tokenized
         let mut cut = false;
         let mut deadline_cut = false;
+        let mut deferred_from = None;
         let mut media_tokens: Vec<(u64, u64)> = Vec::with_capacity(media.len());
         let mut pending: Vec<MediaAt> = media.to_vec();
         pending.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
@@ -329,7 +434,21 @@ impl ModelTokenizer {
                     &mut media_tokens,
                 )?;
                 let key = SegmentKey::new(u8::from(start == 0), segment);
-                ids.extend_from_slice(&self.cached_encode(key, segment)?);
+                match self.cache.get(&key) {
+                    Some(hit) => ids.extend_from_slice(&hit),
+                    None if defer
+                        .is_some_and(|f| start > 0 && start as f64 >= f * text.len() as f64) =>
+                    {
+                        // Enough is known: the new text is left for after the decision.
+                        deferred_from = Some(start);
+                        break;
+                    }
+                    None => {
+                        let fresh: Arc<[u32]> = self.encode(segment, false)?.into();
+                        self.cache.insert(key, Arc::clone(&fresh));
+                        ids.extend_from_slice(&fresh);
+                    }
+                }
                 consumed = end;
             }
         } else {
@@ -370,12 +489,13 @@ impl ModelTokenizer {
             (r, c) => (r as u64 * tokenized).div_ceil(c as u64),
         };
         ids.truncate(cap);
-        Ok(PromptTokens {
+        Ok(Tokenized {
             ids,
             total_tokens: tokenized + estimated,
             truncated: remainder > 0,
             deadline_cut: deadline_cut && remainder > 0,
             media: media_tokens,
+            deferred_from,
         })
     }
 
@@ -388,7 +508,12 @@ impl ModelTokenizer {
         deadline: Option<Instant>,
         media: &[MediaAt],
     ) -> Result<PromptTokens, PrefixError> {
-        self.tokenize_inner(text, false, segmented, deadline, media)
+        let limits = Limits {
+            deadline,
+            defer: None,
+        };
+        self.tokenize_inner(text, false, segmented, limits, media)
+            .map(Into::into)
     }
 
     /// Moves the media of `pending` (sorted by descending offset) that fall in the segment

@@ -56,6 +56,24 @@ pub struct CandidateRow {
     pub predicted_ttft_ms: Option<f64>,
     /// The policy's score (higher is better); `None` if a filter excluded it.
     pub score: Option<f64>,
+    /// Prompt tokens held there in any tier (GPU or offloaded), each counted in full.
+    #[serde(default)]
+    pub held_tokens: u64,
+    /// Of those, held only in CPU memory (the engine's KV events say so).
+    #[serde(default)]
+    pub cpu_tokens: u64,
+    /// Of those, held only on slower media (disk, a remote store).
+    #[serde(default)]
+    pub slower_tier_tokens: u64,
+    /// Time the engine takes to load the offloaded ones back (`pools[].kv_tiers`), ms.
+    #[serde(default)]
+    pub tier_load_ms: f64,
+    /// The CPU tier's load bandwidth used, GB/s.
+    #[serde(default)]
+    pub cpu_tier_gb_per_s: f64,
+    /// Where it comes from: `learned` (the engine's transfer counters) or `configured`.
+    #[serde(default)]
+    pub cpu_tier_bandwidth_source: String,
 }
 
 /// Why a request goes where it goes.
@@ -124,6 +142,12 @@ impl Explanation {
                     cache_reason: signals.cache_reason.map(str::to_string),
                     predicted_ttft_ms: ttft.map(|t| t[i]),
                     score: plan.ranking.scores[i],
+                    held_tokens: c.held_tokens,
+                    cpu_tokens: c.offloaded[0].tokens,
+                    slower_tier_tokens: c.offloaded[1].tokens,
+                    tier_load_ms: c.offloaded.iter().map(|t| t.load_ms()).sum(),
+                    cpu_tier_gb_per_s: c.offloaded[0].bytes_per_s / 1e9,
+                    cpu_tier_bandwidth_source: signals.cpu_tier_bandwidth.to_string(),
                 }
             })
             .collect();

@@ -95,11 +95,10 @@ impl HealthSink for Sinks {
 }
 
 impl CapacitySink for Sinks {
-    /// Sizes `ep`'s index entries to what its engine reports, unless the config sets it.
+    /// Sizes `ep`'s index entries to what its engine reports (GPU and CPU tier), where the
+    /// config does not set them.
     fn engine_capacity_changed(&self, ep: &Endpoint) {
-        if ep.cache_capacity_tokens.is_none() {
-            self.tables.apply_capacity(ep, &self.state.load());
-        }
+        self.tables.apply_capacity(ep, &self.state.load());
     }
 }
 

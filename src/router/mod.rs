@@ -55,7 +55,7 @@ pub use handles::{AdminView, Handles};
 pub use log::DecisionLog;
 pub use plan::{CandidateSignals, Plan};
 pub use state::RouterState;
-pub use ticket::{Decision, ResponseFacts, Ticket};
+pub use ticket::{Decision, ResponseFacts, RestOfPrompt, Ticket};
 
 use crate::config::Config;
 use crate::discovery::SetChange;
@@ -160,7 +160,11 @@ impl Router {
             state: Arc::clone(&state),
         };
         Ok(Router {
-            flow: Arc::new(FlowController::new(Box::new(room), &flow_config)),
+            flow: Arc::new(FlowController::with_wake(
+                Box::new(room),
+                &flow_config,
+                Arc::clone(&tables.room_freed),
+            )),
             tables,
             state,
         })

@@ -13,13 +13,13 @@ use super::explain::Explanation;
 use super::state::RouterState;
 use super::tables::Tables;
 use super::{RouteContext, RouteError};
-use crate::config::EngineKind;
+use crate::config::{Config, EngineKind, KvTiersConfig};
 use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
 use crate::load::{EngineSignal, LoadSnapshot};
-use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad};
+use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
 
@@ -42,6 +42,9 @@ pub struct CandidateSignals {
     pub cache_source: &'static str,
     /// Why events are not the whole truth there (`gap`, `restart`, `silent`...), if they are not.
     pub cache_reason: Option<&'static str>,
+    /// The CPU tier's load bandwidth's origin: `learned` (the engine's transfer counters) or
+    /// `configured` (`pools[].kv_tiers.cpu`).
+    pub cpu_tier_bandwidth: &'static str,
 }
 
 impl CandidateSignals {
@@ -78,6 +81,8 @@ pub struct Plan {
     pub request: RequestView,
     /// Per candidate, what the index matched (blocks, confirmed, offloaded).
     pub matches: Vec<PrefixMatch>,
+    /// Prompt tokens the pick must compute ([`Self::uncached_tokens`]).
+    uncached_tokens: u64,
 }
 
 impl Plan {
@@ -86,10 +91,11 @@ impl Plan {
         &self.endpoints[0]
     }
 
-    /// Uncached prompt tokens on the pick: the prefill work it was given.
+    /// Uncached prompt tokens on the pick: the prefill work it was given, as the cost model
+    /// counts it (tokens loaded from a slower tier are not computed under `load-time`
+    /// pricing).
     pub fn uncached_tokens(&self) -> u64 {
-        let pick = &self.candidates[self.ranking.pick()];
-        self.prefix.tokens.saturating_sub(pick.matched_tokens)
+        self.uncached_tokens
     }
 
     /// The user-facing breakdown (no prompt text).
@@ -111,6 +117,107 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
         in_flight_prefill_tokens: s.in_flight_prefill_tokens,
         in_flight_prefilling: s.in_flight_prefilling,
     }
+}
+
+/// `ep`'s engine as a decision sees it at `now`.
+pub(super) struct EngineView {
+    /// Whether its engine is scraped under the config.
+    pub(super) scraped: bool,
+    pub(super) signal: EngineSignal,
+    /// Its load, when the signal is fresh.
+    pub(super) load: Option<EngineLoad>,
+    /// Ms since its last sample, if there is one.
+    pub(super) age_ms: Option<u64>,
+}
+
+/// `ep`'s engine under `config` at `now`, from one load of its last sample (this runs for
+/// every candidate of every decision).
+pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: tokio::time::Instant) -> EngineView {
+    let scrape = &config.load.scrape;
+    let scraped = scrape.enabled && ep.engine != EngineKind::Other;
+    let last = ep.load.engine.last();
+    let age_ms = last
+        .as_ref()
+        .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64);
+    let signal = EngineSignal::of(last, now, Duration::from_millis(scrape.staleness_ms));
+    let load = signal.fresh().filter(|_| scraped).map(|s| EngineLoad {
+        waiting_requests: s.waiting_requests,
+        running_requests: s.running_requests,
+        kv_cache_usage: s.kv_cache_usage,
+    });
+    EngineView {
+        scraped,
+        signal,
+        load,
+        age_ms,
+    }
+}
+
+/// `ep`'s prefill speed (tokens per second) and where it comes from: `learned` once trusted,
+/// else configured for the endpoint, else the policy's default.
+pub(super) fn prefill_speed(
+    ep: &Endpoint,
+    config: &Config,
+    learned: Option<f64>,
+) -> (f64, &'static str) {
+    match learned {
+        Some(v) => (v, "learned"),
+        None => match ep.prefill_tokens_per_s {
+            Some(v) => (v, "configured"),
+            None => (
+                config.policy.predicted_ttft.default_prefill_tokens_per_s,
+                "default",
+            ),
+        },
+    }
+}
+
+/// The policy's view of `ep`'s load at `now`, for a request with nothing cached there.
+pub(super) fn load_view(
+    ep: &Endpoint,
+    config: &Config,
+    now: tokio::time::Instant,
+) -> CandidateView {
+    let learned = ep.load.learned.for_decision(&config.load.learning, now);
+    CandidateView {
+        address: ep.address,
+        weight: ep.weight,
+        load: router_load(ep.load.snapshot()),
+        max_in_flight: ep.max_in_flight,
+        matched_tokens: 0,
+        confirmed_tokens: 0,
+        held_tokens: 0,
+        offloaded: Default::default(),
+        prefill_tokens_per_s: prefill_speed(ep, config, learned.prefill_tokens_per_s).0,
+        engine: engine_view(ep, config, now).load,
+        ttft_residual_ms: learned.ttft_residual_ms,
+    }
+}
+
+/// `m`'s blocks held only in CPU memory and only on slower media, in tokens (whole blocks of
+/// `block` tokens, within the `prompt`'s held prefix), with the tiers' load costs: the CPU
+/// tier at its `learned` bandwidth (bytes per second) when there is one.
+fn offloaded(
+    m: &PrefixMatch,
+    block: u64,
+    prompt: u64,
+    tiers: &KvTiersConfig,
+    learned: Option<f64>,
+    bytes_per_token: f64,
+) -> [TierHold; 2] {
+    let held = (u64::from(m.blocks) * block).min(prompt);
+    let offloaded = (u64::from(m.offloaded_blocks) * block).min(held);
+    let cpu = (u64::from(m.cpu_blocks) * block).min(offloaded);
+    let hold = |tokens: u64, tier: &crate::config::KvTierConfig, bytes_per_s: f64| TierHold {
+        tokens,
+        bytes_per_token,
+        bytes_per_s,
+        latency_ms: tier.latency_ms,
+    };
+    [
+        hold(cpu, &tiers.cpu, learned.unwrap_or(tiers.cpu.bytes_per_s())),
+        hold(offloaded - cpu, &tiers.other, tiers.other.bytes_per_s()),
+    ]
 }
 
 /// Computes where `request` would go under `state`, reading `tables`, committing nothing.
@@ -211,7 +318,9 @@ pub(crate) fn plan(
     // Bounded: past `routing.prefix_budget_ms` the request gets a cheaper identity rather than
     // holding a tokenizing slot that other requests' decisions wait for.
     let deadline = config.routing.prefix_deadline(Instant::now());
-    let prefix = state.tokenizers.identify_until(request, &ns, deadline);
+    let prefix = state
+        .tokenizers
+        .identify_for_routing(request, &ns, deadline);
 
     let ids: Vec<_> = eligible.iter().map(|ep| ep.id).collect();
     let matches = tables.index.lookup(&prefix.block_hashes, &ids);
@@ -219,37 +328,16 @@ pub(crate) fn plan(
     // Without subscriptions every endpoint's entries are predictions: nothing to ask.
     let events = state.kv_events().then_some(&tables.events);
     let weights = &config.kv_events.medium_weights;
-    let default_speed = config.policy.predicted_ttft.default_prefill_tokens_per_s;
+    let kv_bytes_per_token = state.kv_bytes_per_token(&base_model) as f64;
     let learning = &config.load.learning;
-    let scrape = &config.load.scrape;
-    let staleness = Duration::from_millis(scrape.staleness_ms);
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
-        let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-        // One load of the sample for its signal and its age, one lock for what was learned:
-        // this loop runs for every candidate.
-        let last = ep.load.engine.last();
-        let engine_age_ms = last
-            .as_ref()
-            .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64);
-        let engine_signal = EngineSignal::of(last, now, staleness);
-        let (learned_speed, ttft_residual_ms) = ep.load.learned.for_decision(learning, now);
-        let engine = engine_signal
-            .fresh()
-            .filter(|_| scraped)
-            .map(|s| EngineLoad {
-                waiting_requests: s.waiting_requests,
-                running_requests: s.running_requests,
-                kv_cache_usage: s.kv_cache_usage,
-            });
-        let (speed, speed_source) = match learned_speed {
-            Some(v) => (v, "learned"),
-            None => match ep.prefill_tokens_per_s {
-                Some(v) => (v, "configured"),
-                None => (default_speed, "default"),
-            },
-        };
+        // One load of the engine sample, one lock of what was learned: this runs for every
+        // candidate.
+        let engine = engine_view(ep, config, now);
+        let learned = ep.load.learned.for_decision(learning, now);
+        let (speed, speed_source) = prefill_speed(ep, config, learned.prefill_tokens_per_s);
         let (cache_source, cache_reason) = match events {
             Some(events) => {
                 let state = events.source_state(ep.id);
@@ -257,17 +345,23 @@ pub(crate) fn plan(
             }
             None => (SourceState::Absent.source(), None),
         };
+        let cpu_learned = learned.cpu_load_bytes_per_s;
         signals.push(CandidateSignals {
-            engine: if scraped {
-                engine_signal.as_str()
+            engine: if engine.scraped {
+                engine.signal.as_str()
             } else {
                 "not-scraped"
             },
-            engine_age_ms,
+            engine_age_ms: engine.age_ms,
             prefill_speed: speed_source,
             trial,
             cache_source,
             cache_reason,
+            cpu_tier_bandwidth: if cpu_learned.is_some() {
+                "learned"
+            } else {
+                "configured"
+            },
         });
         candidates.push(CandidateView {
             address: ep.address,
@@ -280,9 +374,17 @@ pub(crate) fn plan(
                 .min(prefix.tokens),
             confirmed_tokens: (u64::from(m.confirmed_blocks) * block).min(prefix.tokens),
             held_tokens: (u64::from(m.blocks) * block).min(prefix.tokens),
+            offloaded: offloaded(
+                m,
+                block,
+                prefix.tokens,
+                &state.kv_tiers(&ep.pool),
+                cpu_learned,
+                kv_bytes_per_token,
+            ),
             prefill_tokens_per_s: speed,
-            engine,
-            ttft_residual_ms,
+            engine: engine.load,
+            ttft_residual_ms: learned.ttft_residual_ms,
         });
     }
     let view = RequestView {
@@ -306,7 +408,11 @@ pub(crate) fn plan(
         .chain(unhealthy.iter().cloned())
         .take(keep)
         .collect();
+    let uncached_tokens = state
+        .cost
+        .compute_tokens(&view, &candidates[ranking.pick()]);
     Ok(Plan {
+        uncached_tokens,
         endpoints,
         policy: state.policy.name(),
         prefix,

@@ -1,16 +1,18 @@
 //! The flow controller's view of the tables: how much room a model's candidates have now, from
 //! the same live signals the policy reads (the router's in-flight prefill tokens and requests,
-//! the engine's scraped waiting queue and KV usage when fresh).
+//! the engine's scraped waiting queue and KV usage when fresh) and, under the predicted room,
+//! the `predicted-ttft` cost model's queue wait on each (see `crate::flow::predicted`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use super::plan::{engine_view, load_view};
 use super::state::StateCell;
 use super::tables::Tables;
-use crate::config::{EngineKind, RoomConfig};
+use crate::config::{Config, RoomConfig, RoomMode};
 use crate::discovery::Endpoint;
-use crate::flow::{Room, RoomSource};
+use crate::flow::{Ask, EndpointWait, Room, RoomSource};
 use crate::health::Admission;
+use crate::policy::cost::CostModel;
 
 /// [`RoomSource`] over the router's tables and the config in force.
 pub(crate) struct TablesRoom {
@@ -19,7 +21,7 @@ pub(crate) struct TablesRoom {
 }
 
 impl RoomSource for TablesRoom {
-    fn room(&self, model: &str, limits: &RoomConfig) -> Room {
+    fn room(&self, model: &str, limits: &RoomConfig, ask: &Ask) -> Room {
         let state = self.state.load();
         let config = &state.config;
         let set = self.tables.registry.snapshot();
@@ -32,29 +34,59 @@ impl RoomSource for TablesRoom {
             }
         };
         let now = tokio::time::Instant::now();
-        let staleness = Duration::from_millis(config.load.scrape.staleness_ms);
+        let cost = CostModel::from(&config.policy.predicted_ttft);
         let mut room = Room::default();
         for ep in ids.iter().map(|&i| &set.all()[i]) {
             if ep.draining || ep.health.admission(now, &config.health) == Admission::No {
                 continue;
             }
             room.candidates += 1;
-            let scraped = config.load.scrape.enabled && ep.engine != EngineKind::Other;
-            let (tokens, requests) = free(ep, limits, scraped, now, staleness);
-            room.free_prefill_tokens += tokens;
-            room.free_requests += requests;
+            let (tokens, mut requests) = free(ep, limits, config, now);
+            if limits.mode == RoomMode::Predicted && requests > 0 {
+                let slots = wait_of(ep, config, &cost, ask, now)
+                    .slots(limits.max_ttft_factor, ask.ttft_target_ms);
+                requests = requests.min(slots);
+            }
+            if requests > 0 {
+                room.free_prefill_tokens += tokens;
+                room.free_requests += requests;
+            }
         }
         room
     }
 }
 
-/// Prompt tokens and requests `ep` can still take: none once any signal is at its threshold.
+/// `ep`'s predicted wait for a request with nothing cached there, in the cost model's terms.
+/// Its typical request: the average prompt routed there, or `ask`'s own before any was.
+fn wait_of(
+    ep: &Endpoint,
+    config: &Config,
+    cost: &CostModel,
+    ask: &Ask,
+    now: tokio::time::Instant,
+) -> EndpointWait {
+    let view = load_view(ep, config, now);
+    let load = ep.load.snapshot();
+    let typical = if load.requests_total == 0 {
+        ask.tokens
+    } else {
+        load.typical_prefill_tokens
+    };
+    EndpointWait {
+        queue_ms: cost.queue_ms(&view),
+        prefilling: view.load.in_flight_prefilling,
+        typical_prefill_ms: cost.prefill_ms(typical, &view),
+        base_ms: cost.base_ms,
+    }
+}
+
+/// Prompt tokens and requests `ep` can still take under the thresholds: none once any signal
+/// is at its threshold.
 fn free(
     ep: &Endpoint,
     limits: &RoomConfig,
-    scraped: bool,
+    config: &Config,
     now: tokio::time::Instant,
-    staleness: Duration,
 ) -> (u64, u64) {
     let load = ep.load.snapshot();
     if ep
@@ -63,8 +95,7 @@ fn free(
     {
         return (0, 0);
     }
-    let signal = ep.load.engine.signal(now, staleness);
-    let engine = signal.fresh().filter(|_| scraped);
+    let engine = engine_view(ep, config, now).load;
     // Without a fresh engine sample the router's own count of requests without a first byte
     // stands in for the engine's queue.
     let waiting = engine.map_or(load.in_flight_prefilling, |s| s.waiting_requests);
@@ -78,3 +109,7 @@ fn free(
         .saturating_sub(load.in_flight_prefill_tokens);
     (tokens, limits.max_waiting_requests - waiting)
 }
+
+#[cfg(test)]
+#[path = "room_tests.rs"]
+mod tests;

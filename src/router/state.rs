@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::ApplyError;
-use crate::config::Config;
+use crate::config::{Config, KvTiersConfig, DEFAULT_KV_BYTES_PER_TOKEN};
 use crate::policy::cost::CostModel;
 use crate::policy::{self, Policy};
 use crate::prefix::{TenantSalts, TokenizerRegistry};
@@ -44,6 +44,10 @@ pub struct RouterState {
     kv_events: bool,
     /// Pools confined to tenants (`pools[].tenants`): pool name -> the tenants it admits.
     confined: HashMap<String, HashSet<String>>,
+    /// Pool name -> its tiers' load speeds (`pools[].kv_tiers`).
+    kv_tiers: HashMap<String, KvTiersConfig>,
+    /// Model name -> KV bytes per token (`models[]`); models without an entry take the default.
+    kv_bytes_per_token: HashMap<String, u64>,
 }
 
 impl RouterState {
@@ -80,6 +84,16 @@ impl RouterState {
                 .filter(|p| !p.tenants.is_empty())
                 .map(|p| (p.name.clone(), p.tenants.iter().cloned().collect()))
                 .collect(),
+            kv_tiers: config
+                .pools
+                .iter()
+                .map(|p| (p.name.clone(), p.kv_tiers))
+                .collect(),
+            kv_bytes_per_token: config
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), m.kv_bytes_per_token()))
+                .collect(),
             config: Arc::new(config),
             policy,
             tokenizers,
@@ -98,6 +112,19 @@ impl RouterState {
         self.confined
             .get(pool)
             .is_none_or(|tenants| tenant.is_some_and(|t| tenants.contains(t)))
+    }
+
+    /// The load speeds of `pool`'s slower KV tiers (the defaults for a pool not in the config).
+    pub fn kv_tiers(&self, pool: &str) -> KvTiersConfig {
+        self.kv_tiers.get(pool).copied().unwrap_or_default()
+    }
+
+    /// Bytes of KV a token of `model` takes.
+    pub fn kv_bytes_per_token(&self, model: &str) -> u64 {
+        self.kv_bytes_per_token
+            .get(model)
+            .copied()
+            .unwrap_or(DEFAULT_KV_BYTES_PER_TOKEN)
     }
 
     /// Whether any pool subscribes to KV events (else every endpoint's cache source is

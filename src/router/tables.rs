@@ -49,6 +49,9 @@ pub(crate) struct Tables {
     /// Where committed decisions are offered to the peer instances (`sharing`); set once at
     /// start-up when sharing is on.
     pub(crate) sharing: std::sync::OnceLock<crate::sharing::Outbox>,
+    /// Notified when a routed request's first byte frees prefill room on its endpoint: the
+    /// flow controller's dispatcher re-checks its queues then, not only on its next tick.
+    pub(crate) room_freed: Arc<tokio::sync::Notify>,
     /// The index's clock, which also times the quarantine of reclaimed endpoint ids.
     clock: Arc<dyn Clock>,
 }
@@ -77,6 +80,7 @@ impl Tables {
             arrivals: ArrivalRates::default(),
             metrics,
             sharing: std::sync::OnceLock::new(),
+            room_freed: Arc::new(tokio::sync::Notify::new()),
             clock,
         }
     }
@@ -121,7 +125,9 @@ impl Tables {
     }
 
     /// Sets each endpoint's index capacity from its KV capacity: configured, else what its
-    /// engine reports (`vllm:cache_config_info`), in blocks of its (first) model's block size.
+    /// engine reports (`vllm:cache_config_info`), plus its pool's slower tiers'
+    /// (`kv_tiers.*.capacity_tokens`, else the CPU tier's reported `kv_offloading_size`), in
+    /// blocks of its (first) model's block size.
     pub(crate) fn apply_capacities(&self, state: &RouterState) {
         for ep in self.registry.snapshot().all() {
             self.apply_capacity(ep, state);
@@ -139,10 +145,28 @@ impl Tables {
                 .and_then(|s| s.capacity_tokens)
                 .map(|t| state.config.cache_index.clamp_engine_capacity(t))
         };
-        let Some(tokens) = ep.cache_capacity_tokens.or_else(scraped) else {
+        let Some(gpu) = ep.cache_capacity_tokens.or_else(scraped) else {
             return;
         };
         let model = ep.models.first().map(String::as_str).unwrap_or("");
+        // Blocks offloaded to slower tiers stay findable there: remember them too. The CPU
+        // tier's size is the config's, else the engine's report (`kv_offloading_size`).
+        let tiers = state.kv_tiers(&ep.pool);
+        let cpu = match tiers.cpu.capacity_tokens {
+            0 => ep
+                .load
+                .engine
+                .last()
+                .and_then(|s| s.cpu_offload_bytes)
+                .map_or(0, |bytes| {
+                    let tokens = bytes / state.kv_bytes_per_token(model).max(1);
+                    state.config.cache_index.clamp_engine_capacity(tokens)
+                }),
+            configured => configured,
+        };
+        let tokens = gpu
+            .saturating_add(cpu)
+            .saturating_add(tiers.other.capacity_tokens);
         let block = u64::from(state.tokenizers.block_size_tokens(model).max(1));
         let _ = self
             .index

@@ -344,6 +344,59 @@ fn repeated_system_prompt_goes_where_it_is_cached() {
     }
 }
 
+/// A decision made before the new turn was tokenized predicts only the prefix on its pick;
+/// finishing the rest predicts the whole prompt there, which the conversation's next turn
+/// finds (with predictions only, nothing else would tell the router).
+#[test]
+fn finishing_a_deferred_prompt_predicts_its_new_turn_on_the_pick() {
+    let r = tokenized("predicted-ttft", "");
+    let turn = |messages: serde_json::Value| {
+        serde_json::json!({"model": "m", "messages": messages})
+            .to_string()
+            .into_bytes()
+    };
+    let question = "Where is parcel 7, and which depots has it passed through so far? ".repeat(4);
+    let first_body = turn(serde_json::json!([
+        {"role": "system", "content": system_prompt()},
+        {"role": "user", "content": question}]));
+    let first = request::parse(ApiKind::ChatCompletions, &first_body).unwrap();
+    let mut d = decide_now(&r, &first, NONE).unwrap();
+    assert_eq!(d.plan.prefix.source(), "tokens-deferred");
+    let rest = d
+        .rest
+        .take()
+        .expect("the question is left for after the decision");
+    let pick = d.primary().address;
+    drop(d);
+
+    let second_body = turn(serde_json::json!([
+        {"role": "system", "content": system_prompt()},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "It is in Lyon."},
+        {"role": "user", "content": "Thanks. When will it arrive?"}]));
+    let second = request::parse(ApiKind::ChatCompletions, &second_body).unwrap();
+    let matched_on_pick = |r: &Router| {
+        let plan = plan_now(r, &second, NONE).unwrap();
+        let i = plan
+            .candidates
+            .iter()
+            .position(|c| c.address == pick)
+            .unwrap();
+        plan.candidates[i].matched_tokens
+    };
+    let before = matched_on_pick(&r);
+    rest.finish();
+    let after = matched_on_pick(&r);
+    assert!(
+        before >= 400,
+        "the system prompt was predicted at the decision: {before}"
+    );
+    assert!(
+        after >= before + 48,
+        "the first question's blocks are predicted too: {before} -> {after}"
+    );
+}
+
 #[test]
 fn a_hot_prefix_spills_to_other_endpoints_under_load() {
     let r = tokenized("predicted-ttft", "");
@@ -521,6 +574,8 @@ pools:
             capacity_tokens: capacity,
             block_size_tokens: Some(16),
             lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
             scraped_at: Instant::now(),
         }
     }
@@ -706,6 +761,7 @@ pools:
             fixed_ms: 0.0,
             predicted_ms: 200.0,
             engine_waiting: None,
+            tier_load: false,
         };
         for i in 0..cfg.load.learning.min_samples {
             let plan = plan_now(&r, &req, NONE).unwrap();

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::discovery::Endpoint;
 use crate::health::{is_failure_status, TrialPermit};
 use crate::load::{InflightGuard, TtftContext};
+use crate::prefix::DeferredPrefix;
 
 /// A committed decision: what was decided, the destination header value, and the request's
 /// ticket.
@@ -31,6 +32,52 @@ pub struct Decision {
     pub destination: String,
     /// The request's claim on the pick, to hand the response's facts to.
     pub ticket: Ticket,
+    /// The prompt's new text, when it was left for after the decision: run
+    /// [`RestOfPrompt::finish`] once the reply is on its way.
+    pub rest: Option<RestOfPrompt>,
+}
+
+/// What is left of a decision made on a prompt's prefix before its new text
+/// (`models[].defer_tokenizing_after`): tokenizing the new text, and predicting that the
+/// pick now holds the whole prompt rather than only that prefix. Dropped unfinished, the next
+/// request of the conversation finds only the prefix predicted there (and tokenizes the text).
+pub struct RestOfPrompt {
+    prefix: DeferredPrefix,
+    tables: Arc<Tables>,
+    endpoint: Arc<Endpoint>,
+    kv_events: bool,
+    confirmed_blocks: u32,
+    model: String,
+}
+
+impl std::fmt::Debug for RestOfPrompt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestOfPrompt")
+            .field("prefix", &self.prefix)
+            .field("endpoint", &self.endpoint.address_str)
+            .finish()
+    }
+}
+
+impl RestOfPrompt {
+    /// Tokenizes the rest (into the token cache) and records the whole prompt's blocks on the
+    /// pick as the decision would have. Takes as long as tokenizing the new text: run it off
+    /// the request's path.
+    pub fn finish(self) {
+        let Some(hashes) = self.prefix.finish() else {
+            self.tables.metrics.cache.record_deferred(false);
+            return;
+        };
+        self.tables.metrics.cache.record_deferred(true);
+        record_blocks(
+            &self.tables,
+            self.kv_events,
+            &self.endpoint,
+            &self.model,
+            &hashes,
+            self.confirmed_blocks,
+        );
+    }
 }
 
 impl Decision {
@@ -152,6 +199,8 @@ impl Ticket {
     /// time to first token teaches its learned speed and residual.
     pub fn on_first_byte(&mut self, at: Instant) {
         self.guard.prefill_done();
+        // Prefill room freed: a queued request may go now (a no-op without flow control).
+        self.tables.room_freed.notify_one();
         if let Some(ctx) = self.ttft.take() {
             let ttft_ms = at.saturating_duration_since(self.decided_at).as_secs_f64() * 1e3;
             self.endpoint.load.learned.observe(
@@ -195,31 +244,32 @@ pub(super) fn commit(
         let p = state.cost.predict(&plan.request, c);
         TtftContext {
             work_tokens: c.load.in_flight_prefill_tokens + uncached_tokens,
-            fixed_ms: state.cost.fixed_ms(c),
+            // The load from a slower tier is not prefill: keep it out of the speed sample.
+            fixed_ms: state.cost.fixed_ms(c) + p.load_ms,
             predicted_ms: p.ttft_ms - p.residual_ms,
             engine_waiting: c.engine.map(|e| e.waiting_requests),
+            tier_load: p.load_ms > 0.0,
         }
     };
     tables.arrivals.record(&plan.model, Instant::now());
     let guard = primary.load.begin(uncached_tokens);
-    if !plan.prefix.block_hashes.is_empty() {
-        // Only fails for an endpoint id beyond 2^24; the decision stands either way.
-        let hashes = &plan.prefix.block_hashes;
-        let _ = if state.kv_events() {
-            // Short-lived while the engine's events will confirm them, cut to whole engine
-            // blocks, and starting the silence clock.
-            let confirmed = plan.matches[pick].confirmed_blocks;
-            let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
-            tables
-                .events
-                .record_routed(primary.id, hashes, confirmed, reported)
-        } else {
-            tables.index.insert_predicted(primary.id, hashes)
-        };
-        if let Some(outbox) = tables.sharing.get() {
-            outbox.offer(primary.address, &plan.model, hashes);
-        }
-    }
+    let confirmed_blocks = plan.matches[pick].confirmed_blocks;
+    record_blocks(
+        tables,
+        state.kv_events(),
+        &primary,
+        &plan.model,
+        &plan.prefix.block_hashes,
+        confirmed_blocks,
+    );
+    let rest = plan.prefix.deferred.clone().map(|prefix| RestOfPrompt {
+        prefix,
+        tables: Arc::clone(tables),
+        endpoint: Arc::clone(&primary),
+        kv_events: state.kv_events(),
+        confirmed_blocks,
+        model: plan.model.clone(),
+    });
     let mut destination = String::with_capacity(plan.endpoints.len() * 22);
     for ep in &plan.endpoints {
         if !destination.is_empty() {
@@ -257,5 +307,35 @@ pub(super) fn commit(
         plan,
         destination,
         ticket,
+        rest,
+    }
+}
+
+/// Predicts that `primary` now holds `hashes` (the prompt's blocks), and offers the decision to
+/// peer instances.
+fn record_blocks(
+    tables: &Tables,
+    kv_events: bool,
+    primary: &Endpoint,
+    model: &str,
+    hashes: &[u64],
+    confirmed_blocks: u32,
+) {
+    if hashes.is_empty() {
+        return;
+    }
+    // Only fails for an endpoint id beyond 2^24; the decision stands either way.
+    let _ = if kv_events {
+        // Short-lived while the engine's events will confirm them, cut to whole engine
+        // blocks, and starting the silence clock.
+        let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
+        tables
+            .events
+            .record_routed(primary.id, hashes, confirmed_blocks, reported)
+    } else {
+        tables.index.insert_predicted(primary.id, hashes)
+    };
+    if let Some(outbox) = tables.sharing.get() {
+        outbox.offer(primary.address, model, hashes);
     }
 }

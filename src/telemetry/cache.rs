@@ -22,22 +22,39 @@ struct SourceLabels {
     cache_source: String,
 }
 
+/// `result`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
 /// The cache metrics of routed decisions (registered under `kvrouter_`).
 #[derive(Debug)]
 pub struct CacheMetrics {
     prompt_tokens: Family<PolicyLabels, Counter>,
     matched_tokens: Family<PolicyLabels, Counter>,
     by_source: Family<SourceLabels, Counter>,
+    /// Deferred tokenizings finished / failed (the handles, registered once).
+    deferred: [Counter; 2],
 }
 
 impl CacheMetrics {
     /// Registers the cache metrics in `registry`.
     pub fn register(registry: &mut Registry) -> CacheMetrics {
+        let deferred = Family::<ResultLabels, Counter>::default();
         let m = CacheMetrics {
             prompt_tokens: Family::default(),
             matched_tokens: Family::default(),
             by_source: Family::default(),
+            deferred: ["finished", "failed"]
+                .map(|result| deferred.get_or_create(&ResultLabels { result }).clone()),
         };
+        registry.register(
+            "deferred_tokenizings",
+            "Prompts decided on their cached prefix whose new text was tokenized after the \
+             decision (models[].defer_tokenizing_after), by result",
+            deferred,
+        );
         registry.register(
             "decision_prompt_tokens",
             "Prompt tokens of routed requests (the tokenizer's count, else the estimate), by policy",
@@ -80,6 +97,11 @@ impl CacheMetrics {
             })
             .inc();
     }
+
+    /// Counts a deferred tokenizing that finished (`true`) or whose text the tokenizer refused.
+    pub fn record_deferred(&self, finished: bool) {
+        self.deferred[usize::from(!finished)].inc();
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +114,7 @@ mod tests {
         let m = CacheMetrics::register(&mut registry);
         m.record("predicted-ttft", "events", 100, 64);
         m.record("predicted-ttft", "predictions", 50, 80);
+        m.record_deferred(true);
         let mut text = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -99,6 +122,8 @@ mod tests {
             "kvrouter_decision_matched_tokens_total{policy=\"predicted-ttft\"} 114",
             "kvrouter_decisions_by_cache_source_total{cache_source=\"events\"} 1",
             "kvrouter_decisions_by_cache_source_total{cache_source=\"predictions\"} 1",
+            "kvrouter_deferred_tokenizings_total{result=\"finished\"} 1",
+            "kvrouter_deferred_tokenizings_total{result=\"failed\"} 0",
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }

@@ -24,6 +24,8 @@
 //! - [`flow`]: flow control on against off under overload (priorities, a flooding tenant).
 //! - [`divergence`]: with several routers, how often a peer's decisions would have changed one.
 //! - [`overhead`]: router overhead (direct, Envoy alone, Envoy + kvrouter).
+//! - [`null_extproc`]: a null endpoint picker, the floor under any ext_proc service's hop cost
+//!   (`kvbench null-extproc`, run by `scripts/overhead.sh`).
 //! - [`suite`]: runs a plan seed by seed, the policies of a seed in shuffled order, each on
 //!   fresh processes.
 //! - [`report`]: JSON, Markdown, SVG and PNG output.
@@ -40,6 +42,7 @@ pub mod client;
 pub mod divergence;
 pub mod flow;
 pub mod goals;
+pub mod null_extproc;
 pub mod oracle;
 pub mod overhead;
 pub mod plan;

@@ -34,7 +34,18 @@ enum Command {
     /// `output_length`, `hash_ids` of 512-token blocks) through every policy of the `replay`
     /// preset, to see which policy your traffic wants.
     Replay(ReplayArgs),
-    /// Print a built-in plan (quick, full, smoke, validate, replay, flow) to start your own from.
+    /// Serve a null endpoint picker (ext_proc) that routes to the replicas in turn and does
+    /// nothing else: what the protocol alone costs (scripts/overhead.sh's third path).
+    NullExtproc {
+        /// gRPC listen address.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// A replica address to route to (repeatable; in turn).
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<std::net::SocketAddr>,
+    },
+    /// Print a built-in plan (quick, full, smoke, validate, replay, flow, routers, offload) to start
+    /// your own from.
     Plan {
         /// Preset name.
         #[arg(default_value = "quick")]
@@ -68,7 +79,8 @@ struct ReplayArgs {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// A built-in plan (quick, full, smoke, validate, replay, flow, routers) or a plan YAML file.
+    /// A built-in plan (quick, full, smoke, validate, replay, flow, routers, offload) or a plan YAML
+    /// file.
     #[arg(long, default_value = "quick")]
     plan: String,
     /// Output directory.
@@ -112,12 +124,21 @@ fn main() -> ExitCode {
             Some(text) => print!("{text}"),
             None => {
                 eprintln!(
-                    "kvbench: no built-in plan {name:?} (quick, full, smoke, validate, replay, flow)"
+                    "kvbench: no built-in plan {name:?} (quick, full, smoke, validate, replay, flow, routers, offload)"
                 );
                 return ExitCode::from(2);
             }
         },
         Command::Replay(args) => return replay(args),
+        Command::NullExtproc { listen, replicas } => {
+            let served = tokio::runtime::Runtime::new()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| rt.block_on(kvbench::null_extproc::serve(listen, &replicas)));
+            if let Err(e) = served {
+                eprintln!("kvbench: null-extproc: {e}");
+                return ExitCode::from(1);
+            }
+        }
         Command::Report { results, out } => {
             let dir =
                 out.unwrap_or_else(|| results.parent().map(PathBuf::from).unwrap_or_default());

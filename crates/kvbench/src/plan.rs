@@ -26,6 +26,8 @@ pub const ROUTERS: &str = include_str!("plans/routers.yaml");
 pub const REPLAY: &str = include_str!("plans/replay.yaml");
 /// Flow control on against off under 2x overload (two objectives, two tenants, one flooding).
 pub const FLOW: &str = include_str!("plans/flow.yaml");
+/// A CPU offload tier: load-time pricing against the flat per-medium weight and the peers.
+pub const OFFLOAD: &str = include_str!("plans/offload.yaml");
 
 /// The text of a built-in plan.
 pub fn preset(name: &str) -> Option<&'static str> {
@@ -37,6 +39,7 @@ pub fn preset(name: &str) -> Option<&'static str> {
         "replay" => Some(REPLAY),
         "flow" => Some(FLOW),
         "routers" => Some(ROUTERS),
+        "offload" => Some(OFFLOAD),
         _ => None,
     }
 }
@@ -188,6 +191,11 @@ pub struct ReplicaGroup {
     pub max_num_seqs: Option<u32>,
     /// Token budget per step. Default: the profile's.
     pub max_num_batched_tokens: Option<u32>,
+    /// A CPU offload tier of this many blocks per replica (kvsim's `--cpu-offload-blocks`:
+    /// vLLM's `OffloadingConnector`). Default none.
+    pub cpu_offload_blocks: Option<u32>,
+    /// The CPU tier's load bandwidth, GB/s of simulated time. Default: kvsim's (20).
+    pub cpu_offload_gb_per_s: Option<f64>,
 }
 
 impl Default for ReplicaGroup {
@@ -199,6 +207,8 @@ impl Default for ReplicaGroup {
             num_gpu_blocks: None,
             max_num_seqs: None,
             max_num_batched_tokens: None,
+            cpu_offload_blocks: None,
+            cpu_offload_gb_per_s: None,
         }
     }
 }
@@ -1003,6 +1013,21 @@ fn check_fleet(fleet: &[ReplicaGroup], at: &str, errors: &mut Vec<String>) {
         if g.block_size == 0 {
             errors.push(format!("{at}[{i}].block_size must be > 0"));
         }
+        if g.cpu_offload_blocks == Some(0) {
+            errors.push(format!("{at}[{i}].cpu_offload_blocks must be > 0"));
+        }
+        if let Some(bw) = g.cpu_offload_gb_per_s {
+            if !(bw.is_finite() && bw > 0.0) {
+                errors.push(format!(
+                    "{at}[{i}].cpu_offload_gb_per_s must be a finite number > 0 (got {bw})"
+                ));
+            }
+            if g.cpu_offload_blocks.is_none() {
+                errors.push(format!(
+                    "{at}[{i}].cpu_offload_gb_per_s needs cpu_offload_blocks"
+                ));
+            }
+        }
     }
     let sizes: HashSet<u32> = fleet.iter().map(|g| g.block_size).collect();
     if sizes.len() > 1 {
@@ -1103,7 +1128,7 @@ mod tests {
     #[test]
     fn presets_parse() {
         for name in [
-            "quick", "full", "smoke", "validate", "replay", "flow", "routers",
+            "quick", "full", "smoke", "validate", "replay", "flow", "routers", "offload",
         ] {
             let plan = Plan::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!plan.workloads.is_empty(), "{name}");
@@ -1139,6 +1164,10 @@ mod tests {
             (
                 "fleet: [{profile: tpu}]\npolicies: [{policy: a}]\nworkloads: [{name: w}]",
                 "fleet[0].profile",
+            ),
+            (
+                "fleet: [{cpu_offload_gb_per_s: 0}]\npolicies: [{policy: a}]\nworkloads: [{name: w}]",
+                "fleet[0].cpu_offload_gb_per_s must be a finite number > 0 (got 0)",
             ),
             (
                 "policies: [{policy: a, router_yaml: [1]}]\nworkloads: [{name: w}]",

@@ -98,11 +98,21 @@ pub async fn run_plan(plan: &Plan, o: &SuiteOptions) -> Result<Report, BenchErro
     {
         for rate in w.run_rates() {
             for seed in plan.seed_list() {
+                let generating = Instant::now();
                 let trace = workload::generate(plan, w, rate, seed, &vocab, engine.as_ref())?;
                 let trace = Arc::new(trace);
+                let texts_s = generating.elapsed().as_secs_f64();
                 let fleet = plan.fleet_of(w);
                 let block_size = fleet.first().map_or(16, |g| g.block_size);
                 let views = oracle::engine_views(&trace, engine.as_ref(), &plan.model, block_size)?;
+                eprintln!(
+                    "kvbench: trace {} @ {} req/s seed {seed}: {} requests in {:.1} s ({texts_s:.1} s \
+                     text, the rest the engine's tokens)",
+                    w.name,
+                    trace.rate,
+                    trace.requests.len(),
+                    generating.elapsed().as_secs_f64()
+                );
                 let (profile, chunk) = fastest(fleet);
                 let bound = oracle::lower_bound(
                     &trace,
@@ -242,6 +252,12 @@ fn replica_spec(
     ] {
         if let Some(v) = value {
             spec = spec.flag(flag, v);
+        }
+    }
+    if let Some(blocks) = group.cpu_offload_blocks {
+        spec = spec.flag("cpu-offload-blocks", blocks);
+        if let Some(bw) = group.cpu_offload_gb_per_s {
+            spec = spec.flag("cpu-offload-gb-per-s", bw);
         }
     }
     if let Some(dir) = tokenizer {

@@ -301,22 +301,12 @@ async fn flow_plan_records_objectives_and_sheds_only_sheddable_work_with_retry_a
     plan.time_scale = 5.0;
     plan.drain_timeout_s = 60;
     plan.fleet = serde_norway::from_str("[{count: 1, profile: l4-llama3-8b}]").unwrap();
-    plan.policies.retain(|p| p.label != "flow-on");
-    let tight = plan
-        .policies
-        .iter_mut()
-        .find(|p| p.label == "flow-on-tight")
-        .unwrap();
-    tight.router_yaml = Some(
-        serde_norway::from_str(
-            "flow_control: {enabled: true, max_wait_ms: 500, room: {max_prefill_tokens: 600, \
-             max_waiting_requests: 1}, objectives: [{name: critical, priority: 1}, \
-             {name: sheddable, priority: -1}]}",
-        )
-        .unwrap(),
-    );
-    plan.analysis.subject = "flow-on-tight".into();
-    plan.analysis.flow.as_mut().unwrap().on = vec!["flow-on-tight".into()];
+    // Off against the predicted room with a short bound, as the plan has it: nothing in its
+    // room is sized for this fleet.
+    plan.policies
+        .retain(|p| p.label == "flow-off" || p.label == "flow-on-500");
+    plan.analysis.subject = "flow-on-500".into();
+    plan.analysis.flow.as_mut().unwrap().on = vec!["flow-on-500".into()];
     for w in &mut plan.workloads {
         if let Shape::FlowMix(s) = &mut w.shape {
             s.prompt_tokens = 500;
@@ -358,7 +348,7 @@ async fn flow_plan_records_objectives_and_sheds_only_sheddable_work_with_retry_a
     assert!(overload("flow-off").records.iter().all(|r| r.ok()));
     // On: sheddable requests are turned away with 429 and retry-after; critical ones never get a
     // 429.
-    let on = overload("flow-on-tight");
+    let on = overload("flow-on-500");
     let shed: Vec<_> = on.records.iter().filter(|r| r.status == 429).collect();
     assert!(!shed.is_empty(), "no 429 under overload");
     assert!(shed
@@ -379,5 +369,5 @@ async fn flow_plan_records_objectives_and_sheds_only_sheddable_work_with_retry_a
     assert_eq!(row("sheddable answered 429").off.median, Some(0.0));
     assert_eq!(row("lost silently").on.median, Some(0.0));
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
-    assert!(md.contains("## Flow control: `flow-on-tight` against `flow-off`"));
+    assert!(md.contains("## Flow control: `flow-on-500` against `flow-off`"));
 }

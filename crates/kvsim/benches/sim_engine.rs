@@ -31,6 +31,7 @@ fn engine(record_events: bool) -> Engine<Discard> {
         hash_seed: 0,
         record_events,
         track_loras: false,
+        offload: None,
     };
     Engine::new(
         cfg,

@@ -48,6 +48,56 @@ pub struct ReplicaConfig {
     pub tokenizer: Option<TokenizerPaths>,
     /// Output length of requests that give no `max_tokens`. Default fixed 16.
     pub output_length: OutputLength,
+    /// A CPU offload tier (vLLM's `OffloadingConnector` with the CPU backend,
+    /// [`crate::offload`]). Default none.
+    pub cpu_offload: Option<CpuOffloadConfig>,
+}
+
+/// The CPU offload tier's size and speed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CpuOffloadConfig {
+    /// Blocks (of `block_size` tokens) the tier holds (vLLM: `cpu_bytes_to_use` over the bytes
+    /// of a block). Must be > 0. Default 100000.
+    pub num_blocks: u32,
+    /// Load bandwidth from CPU memory into the GPU, in GB/s (10^9 bytes) of simulated time.
+    /// Must be > 0. Default 20 (PCIe 4.0 x16 as vLLM's DMA copies achieve).
+    pub bandwidth_gb_per_s: f64,
+    /// Fixed time a load adds, in simulated ms. Must be >= 0. Default 1.
+    pub latency_ms: f64,
+    /// Bytes of KV per token. Must be > 0. Default 131072 (Llama-3.1-8B in BF16, the built-in
+    /// profiles' model).
+    pub kv_bytes_per_token: u64,
+    /// Send the full payload in the tier's `BlockStored` events (vLLM's
+    /// `self_describing_kv_events`) instead of placeholders. Default false (vLLM's default).
+    pub self_describing_events: bool,
+}
+
+impl Default for CpuOffloadConfig {
+    fn default() -> Self {
+        Self {
+            num_blocks: 100_000,
+            bandwidth_gb_per_s: 20.0,
+            latency_ms: 1.0,
+            kv_bytes_per_token: 131_072,
+            self_describing_events: false,
+        }
+    }
+}
+
+impl CpuOffloadConfig {
+    /// The engine's view: real-time durations at `time_scale`, blocks of `block_size`.
+    pub fn engine(&self, block_size: u32, time_scale: f64) -> crate::offload::OffloadConfig {
+        let block_bytes = u64::from(block_size) * self.kv_bytes_per_token;
+        let real = |sim_s: f64| std::time::Duration::from_secs_f64(sim_s / time_scale);
+        crate::offload::OffloadConfig {
+            num_blocks: self.num_blocks,
+            block_load: real(block_bytes as f64 / (self.bandwidth_gb_per_s * 1e9)),
+            latency: real(self.latency_ms / 1e3),
+            block_bytes,
+            self_describing: self.self_describing_events,
+        }
+    }
 }
 
 impl Default for ReplicaConfig {
@@ -68,6 +118,7 @@ impl Default for ReplicaConfig {
             kv_events: None,
             tokenizer: None,
             output_length: OutputLength::default(),
+            cpu_offload: None,
         }
     }
 }
@@ -382,6 +433,26 @@ impl ReplicaConfig {
                 push("kv_events.buffer_steps", "must be > 0".into());
             }
         }
+        if let Some(o) = &self.cpu_offload {
+            if o.num_blocks == 0 {
+                push("cpu_offload.num_blocks", "must be > 0".into());
+            }
+            if !(o.bandwidth_gb_per_s.is_finite() && o.bandwidth_gb_per_s > 0.0) {
+                push(
+                    "cpu_offload.bandwidth_gb_per_s",
+                    format!("must be a finite number > 0 (got {})", o.bandwidth_gb_per_s),
+                );
+            }
+            if !(o.latency_ms.is_finite() && o.latency_ms >= 0.0) {
+                push(
+                    "cpu_offload.latency_ms",
+                    format!("must be a finite number >= 0 (got {})", o.latency_ms),
+                );
+            }
+            if o.kv_bytes_per_token == 0 {
+                push("cpu_offload.kv_bytes_per_token", "must be > 0".into());
+            }
+        }
         match &self.output_length {
             OutputLength::Fixed { tokens: 0 } => push("output_length.tokens", "must be > 0".into()),
             OutputLength::Uniform { min, max, .. } if *min == 0 || min > max => push(
@@ -461,6 +532,14 @@ mod tests {
                 "replicas: [{name: a, output_length: {kind: fixed, tokens: 3, x: 1}}]",
                 "unknown field `x`",
             ),
+            (
+                "replicas: [{name: a, cpu_offload: {bandwidth_gb_per_s: 0}}]",
+                "replicas[0].cpu_offload.bandwidth_gb_per_s: must be a finite number > 0 (got 0)",
+            ),
+            (
+                "replicas: [{name: a, cpu_offload: {num_blocks: 0, latency_ms: -2}}]",
+                "replicas[0].cpu_offload.num_blocks: must be > 0; replicas[0].cpu_offload.latency_ms",
+            ),
         ];
         for (yaml, expected) in cases {
             let got = errors_of(yaml);
@@ -484,6 +563,7 @@ replicas:
     time_scale: 10
     kv_events: {endpoint: "tcp://*:0", topic: kv}
     output_length: {kind: uniform, min: 4, max: 8, seed: 3}
+    cpu_offload: {num_blocks: 5000, bandwidth_gb_per_s: 10}
 "#;
         let fleet = FleetConfig::parse(yaml, "f").unwrap();
         let r = &fleet.replicas[0];
@@ -499,6 +579,15 @@ replicas:
         );
         let profile = StepProfile::builtin(&r.profile).unwrap();
         assert_eq!(r.capacity_tokens(&profile), 999 * 16);
+        // 16 tokens of 128 KiB at 10 GB/s: 0.21 ms simulated, 21 us real at time scale 10.
+        let o = r
+            .cpu_offload
+            .as_ref()
+            .unwrap()
+            .engine(r.block_size, r.time_scale);
+        assert_eq!((o.num_blocks, o.block_bytes), (5000, 16 << 17));
+        assert_eq!(o.block_load.as_micros(), 20);
+        assert_eq!(o.latency, std::time::Duration::from_micros(100));
         assert_eq!(r.effective_max_model_len(&profile), 999 * 16);
     }
 }

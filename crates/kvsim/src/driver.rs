@@ -70,6 +70,8 @@ pub struct EngineState {
     pub kv_cache_usage: f64,
     /// True while stalled.
     pub stalled: bool,
+    /// Blocks in the CPU offload tier (0 without one).
+    pub offloaded_blocks: usize,
 }
 
 /// What reaches the engine task.
@@ -142,12 +144,28 @@ pub async fn run(
         loop_state.flush(&mut engine);
         if plan.items.is_empty() {
             if plan.preempted == 0 {
-                // Nothing fits and nothing runs: cannot happen for admitted requests; wait for
-                // a command rather than spin.
-                tracing::warn!("engine: nothing schedulable; waiting for a command");
-                match rx.recv().await {
-                    Some(cmd) => loop_state.handle(&mut engine, cmd),
-                    None => return,
+                clock = None;
+                match engine.next_load_ready() {
+                    // Only loads from the CPU tier in progress: the GPU idles until one ends.
+                    Some(ready) => tokio::select! {
+                        cmd = rx.recv() => match cmd {
+                            Some(cmd) => loop_state.handle(&mut engine, cmd),
+                            None => {
+                                engine.abort_all("shutdown");
+                                return;
+                            }
+                        },
+                        _ = sleep_until(ready) => {}
+                    },
+                    None => {
+                        // Nothing fits and nothing runs: cannot happen for admitted requests;
+                        // wait for a command rather than spin.
+                        tracing::warn!("engine: nothing schedulable; waiting for a command");
+                        match rx.recv().await {
+                            Some(cmd) => loop_state.handle(&mut engine, cmd),
+                            None => return,
+                        }
+                    }
                 }
             }
             continue;
@@ -211,6 +229,7 @@ impl LoopState {
                     cached_blocks: pool.num_cached_hashes(),
                     kv_cache_usage: pool.usage(),
                     stalled: self.stall.is_some(),
+                    offloaded_blocks: engine.offload().map_or(0, |t| t.len()),
                 });
             }
         }

@@ -14,6 +14,7 @@ use super::block_hash::{BlockHasher, HashKeys};
 use super::block_pool::{BlockId, BlockPool};
 use super::kv_events::KvEvent;
 use super::metrics::{add, SimMetrics};
+use super::offload::{CpuTier, OffloadConfig};
 use super::profile::StepWork;
 use super::tokenize::{MmSpan, PromptTokenizer, PromptTokens};
 
@@ -37,6 +38,8 @@ pub struct EngineConfig {
     /// Publish the LoRA names of running/waiting requests after every step (only worth it
     /// when the replica serves adapters).
     pub track_loras: bool,
+    /// The CPU offload tier, if any ([`super::offload`]).
+    pub offload: Option<OffloadConfig>,
 }
 
 /// Identifies a request inside one engine.
@@ -148,6 +151,24 @@ pub(super) struct Request<S> {
     pub(super) arrival: Instant,
     pub(super) finished: bool,
     pub(super) sink: S,
+    /// Blocks (from the first) already offered to the CPU tier.
+    pub(super) num_offloaded: u32,
+    /// A load from the CPU tier in progress: the request waits in the queue for it.
+    pub(super) loading: Option<Loading>,
+    /// Its prefix was loaded from the CPU tier: `num_computed` tokens are in its blocks and
+    /// it skips the prefix lookup when admitted.
+    pub(super) prefetched: bool,
+}
+
+/// A request's load from the CPU tier.
+#[derive(Debug, Clone)]
+pub(super) struct Loading {
+    /// When the blocks are in GPU memory.
+    pub(super) ready_at: Instant,
+    /// Index of the first loaded block (the GPU hit's length).
+    pub(super) first: u32,
+    /// The loaded blocks' hashes (pinned in the tier).
+    pub(super) hashes: Vec<u64>,
 }
 
 impl<S> Request<S> {
@@ -157,6 +178,13 @@ impl<S> Request<S> {
             cache_salt: self.cache_salt.as_deref(),
             mm: &self.mm,
         }
+    }
+}
+
+/// Unpins a leaving request's blocks in the CPU tier, if it was loading them.
+fn release_load<S>(offload: &mut Option<CpuTier>, r: &mut Request<S>) {
+    if let (Some(load), Some(tier)) = (r.loading.take(), offload.as_mut()) {
+        tier.end_load(&load.hashes);
     }
 }
 
@@ -189,6 +217,8 @@ pub struct Engine<S> {
     pub(super) waiting: VecDeque<ReqId>,
     pub(super) running: Vec<ReqId>,
     pub(super) hits: Vec<BlockId>,
+    /// The CPU offload tier, if configured.
+    pub(super) offload: Option<CpuTier>,
     next_id: ReqId,
     tokenizer: Arc<dyn PromptTokenizer>,
     pub(super) metrics: Arc<SimMetrics>,
@@ -208,6 +238,7 @@ impl<S: OutputSink> Engine<S> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             hits: Vec::new(),
+            offload: cfg.offload.map(CpuTier::new),
             next_id: 0,
             tokenizer,
             metrics,
@@ -267,6 +298,9 @@ impl<S: OutputSink> Engine<S> {
             arrival: req.arrival,
             finished: false,
             sink: req.sink,
+            num_offloaded: 0,
+            loading: None,
+            prefetched: false,
         };
         let mut hashes = Vec::with_capacity(r.tokens.len() / self.cfg.block_size as usize + 1);
         self.hasher.extend_hashes(&r.tokens, &r.keys(), &mut hashes);
@@ -326,6 +360,15 @@ impl<S: OutputSink> Engine<S> {
                 continue;
             };
             r.num_computed += item.new_tokens;
+            if let Some(tier) = &mut self.offload {
+                super::scheduler::offload_computed(
+                    tier,
+                    &mut self.pool,
+                    &self.hasher,
+                    r,
+                    &self.metrics,
+                );
+            }
             if r.num_computed as usize != r.tokens.len() {
                 continue; // a prefill chunk that is not the last
             }
@@ -380,9 +423,29 @@ impl<S: OutputSink> Engine<S> {
         self.publish_gauges();
     }
 
+    /// Empties the GPU prefix cache only (tests of the CPU tier).
+    #[cfg(test)]
+    pub(crate) fn clear_gpu_for_test(&mut self) {
+        self.pool.clear_cache();
+    }
+
+    /// The CPU tier (read-only), if configured.
+    pub fn offload(&self) -> Option<&CpuTier> {
+        self.offload.as_ref()
+    }
+
+    /// When the next load from the CPU tier ends, if one is in progress.
+    pub fn next_load_ready(&self) -> Option<Instant> {
+        self.waiting
+            .iter()
+            .filter_map(|id| self.reqs.get(id)?.loading.as_ref().map(|l| l.ready_at))
+            .min()
+    }
+
     /// Drops a request wherever it is (client gone). No output is delivered.
     pub fn abort(&mut self, id: ReqId) {
-        if let Some(r) = self.reqs.remove(&id) {
+        if let Some(mut r) = self.reqs.remove(&id) {
+            release_load(&mut self.offload, &mut r);
             self.pool.free(r.blocks.iter().rev().copied());
             self.running.retain(|&x| x != id);
             self.waiting.retain(|&x| x != id);
@@ -395,6 +458,7 @@ impl<S: OutputSink> Engine<S> {
     pub fn abort_all(&mut self, reason: &'static str) {
         for id in self.running.drain(..).chain(self.waiting.drain(..)) {
             if let Some(mut r) = self.reqs.remove(&id) {
+                release_load(&mut self.offload, &mut r);
                 r.sink.deliver(Output::Aborted(reason));
                 self.pool.free(r.blocks.iter().rev().copied());
                 add(&self.metrics.finished_abort, 1);
@@ -407,8 +471,12 @@ impl<S: OutputSink> Engine<S> {
     /// `AllBlocksCleared`.
     pub fn clear_cache(&mut self) {
         // Blocks a running request already cached stay unfindable (nothing re-hashes them);
-        // its later blocks are cached as they fill.
+        // its later blocks are cached as they fill. The CPU tier goes too (vLLM resets the
+        // connector's cache with the prefix cache).
         self.pool.clear_cache();
+        if let Some(tier) = &mut self.offload {
+            tier.clear();
+        }
     }
 
     /// Back to a cold engine: aborts everything and starts over with an empty pool. With
@@ -417,6 +485,7 @@ impl<S: OutputSink> Engine<S> {
     pub fn reset(&mut self, reason: &'static str, announce: bool) {
         self.abort_all(reason);
         self.pool = BlockPool::new(self.cfg.num_gpu_blocks, self.cfg.record_events);
+        self.offload = self.cfg.offload.map(CpuTier::new);
         if announce {
             self.pool.push_event(KvEvent::AllBlocksCleared);
         }

@@ -12,6 +12,11 @@
 //! - `{type: "BlockRemoved", block_hashes: [u64...], medium: "GPU", group_idx: 0}`
 //! - `{type: "AllBlocksCleared"}`
 //!
+//! The CPU offload tier ([`super::offload`]) reports as vLLM's `OffloadingConnector` does, with
+//! medium `CPU`: `BlockStored` when a block reaches the tier (by default a placeholder: the
+//! hashes, empty `token_ids`, nil parent, LoRA and extra keys, block size 0; with
+//! `self_describing_kv_events` the GPU event's payload) and `BlockRemoved` when it leaves.
+//!
 //! An extra key is a string (LoRA name or cache salt) or an unsigned int (a multimodal item's
 //! hash). One batch per engine step that produced events; [`super::publisher`] sends them.
 
@@ -44,8 +49,31 @@ pub enum KvEvent {
         /// Their hashes.
         block_hashes: Vec<u64>,
     },
+    /// Blocks reached the CPU offload tier: `BlockStored` with medium `CPU`. The payload is a
+    /// `BlockStored` (a placeholder has no tokens, no parent, no extra keys and block size 0).
+    Offloaded(Box<KvEvent>),
+    /// The CPU offload tier evicted blocks: `BlockRemoved` with medium `CPU`.
+    OffloadRemoved {
+        /// Their hashes.
+        block_hashes: Vec<u64>,
+    },
     /// The whole prefix cache was dropped.
     AllBlocksCleared,
+}
+
+impl KvEvent {
+    /// vLLM's placeholder for blocks stored in the CPU tier: their hashes only.
+    pub fn offload_placeholder(block_hashes: Vec<u64>) -> KvEvent {
+        KvEvent::Offloaded(Box::new(KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash: None,
+            token_ids: Vec::new(),
+            block_size: 0,
+            lora_id: None,
+            lora_name: None,
+            extra_keys: Vec::new(),
+        }))
+    }
 }
 
 /// The msgpack payload of one batch: `[ts, [events], data_parallel_rank]`.
@@ -55,70 +83,90 @@ pub fn encode_batch(ts_s: f64, events: &[KvEvent], dp_rank: u32) -> Vec<u8> {
     w.f64(ts_s);
     w.array(events.len());
     for event in events {
-        match event {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id,
-                lora_name,
-                extra_keys,
-            } => {
-                w.map(11);
-                w.pair_str("type", "BlockStored");
-                w.str("block_hashes");
-                w.uints(block_hashes.iter().copied());
-                w.str("parent_block_hash");
-                w.opt_uint(*parent_block_hash);
-                w.str("token_ids");
-                w.uints(token_ids.iter().map(|&t| u64::from(t)));
-                w.str("block_size");
-                w.uint(u64::from(*block_size));
-                w.str("lora_id");
-                w.opt_uint(lora_id.map(u64::from));
-                w.pair_str("medium", "GPU");
-                w.str("lora_name");
-                match lora_name {
-                    Some(name) => w.str(name),
-                    None => w.nil(),
-                }
-                w.str("extra_keys");
-                w.array(extra_keys.len());
-                for keys in extra_keys {
-                    let Some(keys) = keys else {
-                        w.nil();
-                        continue;
-                    };
-                    w.array(keys.len());
-                    for key in keys {
-                        match key {
-                            ExtraKey::Lora(s) | ExtraKey::Salt(s) => w.str(s),
-                            ExtraKey::Mm(h) => w.uint(*h),
-                        }
-                    }
-                }
-                w.str("group_idx");
-                w.uint(0);
-                w.pair_str("kv_cache_spec_kind", "full_attention");
-            }
-            KvEvent::BlockRemoved { block_hashes } => {
-                w.map(4);
-                w.pair_str("type", "BlockRemoved");
-                w.str("block_hashes");
-                w.uints(block_hashes.iter().copied());
-                w.pair_str("medium", "GPU");
-                w.str("group_idx");
-                w.uint(0);
-            }
-            KvEvent::AllBlocksCleared => {
-                w.map(1);
-                w.pair_str("type", "AllBlocksCleared");
-            }
-        }
+        encode_event(&mut w, event, "GPU");
     }
     w.uint(u64::from(dp_rank));
     w.0
+}
+
+/// One event as a msgpack map, with `medium` as given.
+fn encode_event(w: &mut Writer, event: &KvEvent, medium: &str) {
+    match event {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id,
+            lora_name,
+            extra_keys,
+        } => {
+            w.map(11);
+            w.pair_str("type", "BlockStored");
+            w.str("block_hashes");
+            w.uints(block_hashes.iter().copied());
+            w.str("parent_block_hash");
+            w.opt_uint(*parent_block_hash);
+            w.str("token_ids");
+            w.uints(token_ids.iter().map(|&t| u64::from(t)));
+            w.str("block_size");
+            w.uint(u64::from(*block_size));
+            w.str("lora_id");
+            w.opt_uint(lora_id.map(u64::from));
+            w.pair_str("medium", medium);
+            w.str("lora_name");
+            match lora_name {
+                Some(name) => w.str(name),
+                None => w.nil(),
+            }
+            w.str("extra_keys");
+            if extra_keys.is_empty() {
+                // A placeholder's (every real GPU event has one entry per block).
+                w.nil();
+            } else {
+                w.array(extra_keys.len());
+            }
+            for keys in extra_keys {
+                let Some(keys) = keys else {
+                    w.nil();
+                    continue;
+                };
+                w.array(keys.len());
+                for key in keys {
+                    match key {
+                        ExtraKey::Lora(s) | ExtraKey::Salt(s) => w.str(s),
+                        ExtraKey::Mm(h) => w.uint(*h),
+                    }
+                }
+            }
+            w.str("group_idx");
+            w.uint(0);
+            w.pair_str("kv_cache_spec_kind", "full_attention");
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            w.map(4);
+            w.pair_str("type", "BlockRemoved");
+            w.str("block_hashes");
+            w.uints(block_hashes.iter().copied());
+            w.pair_str("medium", medium);
+            w.str("group_idx");
+            w.uint(0);
+        }
+        KvEvent::AllBlocksCleared => {
+            w.map(1);
+            w.pair_str("type", "AllBlocksCleared");
+        }
+        KvEvent::Offloaded(stored) => encode_event(w, stored, "CPU"),
+        KvEvent::OffloadRemoved { block_hashes } => {
+            w.map(4);
+            w.pair_str("type", "BlockRemoved");
+            w.str("block_hashes");
+            w.uints(block_hashes.iter().copied());
+            w.pair_str("medium", "CPU");
+            w.str("group_idx");
+            w.uint(0);
+        }
+    }
 }
 
 /// msgpack into a `Vec`, which cannot fail, so errors are dropped here once.

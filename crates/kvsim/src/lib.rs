@@ -33,6 +33,8 @@
 //!   `max_num_batched_tokens`, chunked prefill, FCFS waiting queue, prefix-cache lookup capped at
 //!   `num_tokens - 1` in whole blocks, recompute preemption of the newest running request, no
 //!   admissions in a step that preempted, `num_cached_tokens` fixed at first scheduling.
+//! - [`offload`]: the CPU offload tier (write-through, LRU, loads over the host link, events
+//!   with medium `CPU`), as vLLM's `OffloadingConnector`.
 //! - [`block_pool`]: paged KV cache with vLLM's free-block queue (null block, LRU free queue,
 //!   freed chains tail-first, unhashed blocks reused first, eviction on reuse).
 //! - [`block_hash`]: chained block hashes over (parent, token ids, extra keys: LoRA name,
@@ -97,8 +99,9 @@
 //!   its `AllBlocksCleared` is published at once instead of with the next step.
 //! - The KV-event replay socket (`replay_endpoint`, `--kv-events-replay`) serves the buffer as
 //!   vLLM's does, but a simulated restart keeps the socket bound (only the buffer empties).
-//! - No data parallelism (`data_parallel_rank` is 0), no CPU offload
-//!   tier (`medium` is always `GPU`), no priority scheduling, no LoRA slot limit.
+//! - No data parallelism (`data_parallel_rank` is 0), no priority scheduling, no LoRA slot
+//!   limit. The CPU offload tier (`cpu_offload`, [`offload`]) is vLLM's `OffloadingConnector`
+//!   with one GPU block per tier block and instant stores; no disk or remote tier.
 //! - Metrics: a subset of vLLM's (the ones routers read); TTFT/e2e are measured in real time, so
 //!   under `time_scale` they shrink with it. `request_success_total{finished_reason="abort"}`
 //!   counts aborted requests.
@@ -118,6 +121,9 @@ pub mod inproc;
 pub mod kv_events;
 pub mod logging;
 pub mod metrics;
+pub mod offload;
+#[cfg(test)]
+mod offload_tests;
 pub mod openai;
 pub mod profile;
 pub mod publisher;
@@ -128,7 +134,9 @@ pub mod scheduler;
 pub mod server;
 pub mod tokenize;
 
-pub use config::{FleetConfig, KvEventsConfig, OutputLength, ReplicaConfig, TokenizerPaths};
+pub use config::{
+    CpuOffloadConfig, FleetConfig, KvEventsConfig, OutputLength, ReplicaConfig, TokenizerPaths,
+};
 pub use fleet::Fleet;
 pub use hf_tokenizer::HfTokenizer;
 pub use http::{routes, serve, RunningReplica};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kvsim::config::TokenizerPaths;
-use kvsim::{Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
+use kvsim::{CpuOffloadConfig, Fleet, FleetConfig, KvEventsConfig, ReplicaConfig};
 
 /// Simulated vLLM-compatible model replicas.
 #[derive(Debug, Parser)]
@@ -71,6 +71,22 @@ struct Args {
     /// `tcp://*:5558` or `tcp://127.0.0.1:0`).
     #[arg(long)]
     kv_events_replay: Option<String>,
+    /// A CPU offload tier of this many blocks (vLLM's `OffloadingConnector`). Default none.
+    #[arg(long)]
+    cpu_offload_blocks: Option<u32>,
+    /// The CPU tier's load bandwidth into the GPU, GB/s of simulated time.
+    #[arg(long, default_value_t = 20.0)]
+    cpu_offload_gb_per_s: f64,
+    /// Fixed time a load from the CPU tier adds, simulated ms.
+    #[arg(long, default_value_t = 1.0)]
+    cpu_offload_latency_ms: f64,
+    /// KV bytes per token (for the CPU tier's transfer times).
+    #[arg(long, default_value_t = 131_072)]
+    kv_bytes_per_token: u64,
+    /// The CPU tier's `BlockStored` events carry the full payload (vLLM's
+    /// `self_describing_kv_events`) instead of placeholders.
+    #[arg(long)]
+    self_describing_kv_events: bool,
     /// A Hugging Face tokenizer: a `tokenizer.json`, or a directory holding it and (optionally)
     /// `tokenizer_config.json` with the chat template. Default: the word-piece fallback.
     #[arg(long)]
@@ -103,6 +119,13 @@ impl Args {
                     ..KvEventsConfig::default()
                 }),
                 tokenizer: self.tokenizer.as_deref().map(TokenizerPaths::from_path),
+                cpu_offload: self.cpu_offload_blocks.map(|num_blocks| CpuOffloadConfig {
+                    num_blocks,
+                    bandwidth_gb_per_s: self.cpu_offload_gb_per_s,
+                    latency_ms: self.cpu_offload_latency_ms,
+                    kv_bytes_per_token: self.kv_bytes_per_token,
+                    self_describing_events: self.self_describing_kv_events,
+                }),
                 ..ReplicaConfig::default()
             }],
         })

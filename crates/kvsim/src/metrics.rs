@@ -95,6 +95,19 @@ pub struct SimMetrics {
     pub prefix_cache_queries: AtomicU64,
     /// Of those, tokens found cached.
     pub prefix_cache_hits: AtomicU64,
+    /// Prompt tokens after the GPU hit looked up in the CPU tier (vLLM's
+    /// `external_prefix_cache_queries`).
+    pub external_prefix_cache_queries: AtomicU64,
+    /// Of those, tokens found there.
+    pub external_prefix_cache_hits: AtomicU64,
+    /// Bytes loaded from the CPU tier into GPU memory (`kv_offload_total_bytes`, `CPU_to_GPU`).
+    pub offload_load_bytes: AtomicU64,
+    /// Real time those loads took, ns (`kv_offload_total_time`, `CPU_to_GPU`).
+    pub offload_load_ns: AtomicU64,
+    /// Bytes stored to the CPU tier (`GPU_to_CPU`).
+    pub offload_store_bytes: AtomicU64,
+    /// Real time those stores would take at the tier's bandwidth, ns (`GPU_to_CPU`).
+    pub offload_store_ns: AtomicU64,
     /// Prompt tokens of scheduled requests (counted at first scheduling).
     pub prompt_tokens: AtomicU64,
     /// Cached prompt tokens (counted at first scheduling).
@@ -125,6 +138,12 @@ impl Default for SimMetrics {
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             prefix_cache_queries: AtomicU64::new(0),
             prefix_cache_hits: AtomicU64::new(0),
+            external_prefix_cache_queries: AtomicU64::new(0),
+            external_prefix_cache_hits: AtomicU64::new(0),
+            offload_load_bytes: AtomicU64::new(0),
+            offload_load_ns: AtomicU64::new(0),
+            offload_store_bytes: AtomicU64::new(0),
+            offload_store_ns: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             prompt_tokens_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
@@ -155,6 +174,10 @@ pub struct MetricsInfo {
     pub num_gpu_blocks: u32,
     /// `max_lora` of `lora_requests_info`.
     pub max_loras: usize,
+    /// The CPU offload tier's size in bytes, when there is one (then `cache_config_info` says
+    /// `kv_offloading_backend="native"`, `kv_offloading_size` in GiB, and the `kv_offload_*`
+    /// series are rendered).
+    pub offload_bytes: Option<u64>,
 }
 
 impl SimMetrics {
@@ -168,6 +191,12 @@ impl SimMetrics {
         for c in [
             &self.prefix_cache_queries,
             &self.prefix_cache_hits,
+            &self.external_prefix_cache_queries,
+            &self.external_prefix_cache_hits,
+            &self.offload_load_bytes,
+            &self.offload_load_ns,
+            &self.offload_store_bytes,
+            &self.offload_store_ns,
             &self.prompt_tokens,
             &self.prompt_tokens_cached,
             &self.generation_tokens,
@@ -223,6 +252,16 @@ impl SimMetrics {
                 &self.prefix_cache_hits,
             ),
             (
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+                &self.external_prefix_cache_queries,
+            ),
+            (
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+                &self.external_prefix_cache_hits,
+            ),
+            (
                 "vllm:num_preemptions",
                 "Cumulative number of preemption from the engine.",
                 &self.preemptions,
@@ -246,6 +285,45 @@ impl SimMetrics {
         for (name, help, c) in counters {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {}", load(c));
         }
+        if info.offload_bytes.is_some() {
+            let transfers = [
+                (
+                    "CPU_to_GPU",
+                    &self.offload_load_bytes,
+                    &self.offload_load_ns,
+                ),
+                (
+                    "GPU_to_CPU",
+                    &self.offload_store_bytes,
+                    &self.offload_store_ns,
+                ),
+            ];
+            // One family after the other: a family's samples must be contiguous.
+            let name = "vllm:kv_offload_total_bytes_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Number of bytes offloaded by KV connector.\n# TYPE {name} counter"
+            );
+            for (kind, bytes, _) in transfers {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{labels},transfer_type=\"{kind}\"}} {}",
+                    load(bytes)
+                );
+            }
+            let name = "vllm:kv_offload_total_time_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Total time measured by all KV offloading operations.\n# TYPE {name} counter"
+            );
+            for (kind, _, ns) in transfers {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{labels},transfer_type=\"{kind}\"}} {:?}",
+                    load(ns) as f64 / 1e9
+                );
+            }
+        }
         let name = "vllm:request_success_total";
         let _ = writeln!(
             out,
@@ -267,8 +345,13 @@ impl SimMetrics {
             out,
             "# HELP {name} Information of the LLMEngine CacheConfig\n# TYPE {name} gauge\n\
              {name}{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",\
+             kv_offloading_backend=\"{}\",kv_offloading_size=\"{}\",\
              num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"xxhash\"}} 1.0",
-            info.block_size, info.num_gpu_blocks
+            info.block_size,
+            if info.offload_bytes.is_some() { "native" } else { "None" },
+            info.offload_bytes
+                .map_or("None".to_string(), |b| format!("{:?}", b as f64 / f64::from(1u32 << 30))),
+            info.num_gpu_blocks
         );
         let name = "vllm:lora_requests_info";
         let _ = writeln!(
@@ -331,7 +414,10 @@ mod tests {
             block_size: 16,
             num_gpu_blocks: 100,
             max_loras: 2,
+            offload_bytes: Some(3 << 29),
         };
+        add(&m.offload_load_bytes, 1 << 30);
+        add(&m.offload_load_ns, 50_000_000);
         *m.lora_names.lock() = ("a".into(), String::new());
         let text = m.render(&info);
         let l = "{engine=\"0\",model_name=\"m\"}";
@@ -345,6 +431,16 @@ mod tests {
         assert!(text.contains("block_size=\"16\""));
         assert!(text.contains("num_gpu_blocks=\"100\""));
         assert!(text.contains("running_lora_adapters=\"a\""));
+        assert!(text.contains("kv_offloading_size=\"1.5\""), "GiB");
+        let t = "{engine=\"0\",model_name=\"m\",transfer_type=\"CPU_to_GPU\"}";
+        assert_eq!(
+            value(&text, &format!("vllm:kv_offload_total_bytes_total{t}")),
+            1073741824.0
+        );
+        assert_eq!(
+            value(&text, &format!("vllm:kv_offload_total_time_total{t}")),
+            0.05
+        );
         m.reset();
         let text = m.render(&info);
         assert_eq!(

@@ -102,6 +102,10 @@ impl Replica {
             hash_seed: config.hash_seed,
             record_events: publisher.is_some(),
             track_loras: !config.adapters.is_empty(),
+            offload: config
+                .cpu_offload
+                .as_ref()
+                .map(|o| o.engine(config.block_size, config.time_scale)),
         };
         let metrics = Arc::new(SimMetrics::default());
         let engine = Engine::new(engine_cfg, Arc::clone(&tokenizer), Arc::clone(&metrics));
@@ -135,6 +139,9 @@ impl Replica {
             block_size: engine_cfg.block_size,
             num_gpu_blocks: engine_cfg.num_gpu_blocks,
             max_loras: config.adapters.len(),
+            offload_bytes: engine_cfg
+                .offload
+                .map(|o| u64::from(o.num_blocks) * o.block_bytes),
         };
         let started_unix_s = SystemTime::now()
             .duration_since(UNIX_EPOCH)

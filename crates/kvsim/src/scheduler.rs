@@ -17,12 +17,14 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::block_pool::BlockId;
+use super::block_hash::BlockHasher;
+use super::block_pool::{BlockId, BlockPool};
 #[cfg(test)]
 use super::engine::AdmitError;
-use super::engine::{Engine, OutputSink, ReqId, Scheduled, StepPlan};
+use super::engine::{Engine, Loading, OutputSink, ReqId, Request, Scheduled, StepPlan};
 use super::kv_events::KvEvent;
-use super::metrics::add;
+use super::metrics::{add, SimMetrics};
+use super::offload::CpuTier;
 use super::profile::StepWork;
 
 impl<S: OutputSink> Engine<S> {
@@ -63,7 +65,9 @@ impl<S: OutputSink> Engine<S> {
         }
 
         if plan.preempted == 0 {
-            while let Some(&id) = self.waiting.front() {
+            let mut i = 0;
+            while i < self.waiting.len() {
+                let id = self.waiting[i];
                 if budget == 0 || self.running.len() as u32 >= self.cfg.max_num_seqs {
                     break;
                 }
@@ -71,16 +75,46 @@ impl<S: OutputSink> Engine<S> {
                     self.abort(id);
                     continue;
                 }
-                let hit_tokens = self.lookup(id);
+                // A request loading from the CPU tier waits without holding up the queue
+                // (vLLM's WAITING_FOR_REMOTE_KVS).
+                match self.reqs[&id].loading.as_ref().map(|l| l.ready_at) {
+                    Some(ready_at) if ready_at > now => {
+                        i += 1;
+                        continue;
+                    }
+                    Some(_) => self.finish_load(id),
+                    None => {}
+                }
+                let hit_tokens = if self.reqs[&id].prefetched {
+                    self.reqs[&id].num_computed
+                } else {
+                    let gpu = self.lookup(id);
+                    match self.start_load(id, now) {
+                        LoadStart::Started => {
+                            i += 1;
+                            continue;
+                        }
+                        // Its blocks do not fit: head-of-line blocking, as for any admission.
+                        LoadStart::NoRoom => break,
+                        LoadStart::Nothing => gpu,
+                    }
+                };
+                let prefetched = self.reqs[&id].prefetched;
                 let num_tokens = self.reqs[&id].tokens.len() as u32;
                 let new_tokens = (num_tokens - hit_tokens).min(budget);
-                if !self.allocate_slots(id, new_tokens, hit_tokens, true) {
+                let fits = if prefetched {
+                    self.allocate_slots(id, new_tokens, 0, false)
+                } else {
+                    self.allocate_slots(id, new_tokens, hit_tokens, true)
+                };
+                if !fits {
                     break;
                 }
-                self.waiting.pop_front();
+                self.waiting.remove(i);
                 self.running.push(id);
                 let r = self.reqs.get_mut(&id).expect("waiting request exists");
                 r.num_computed = hit_tokens;
+                r.prefetched = false;
                 if r.num_cached_tokens.is_none() {
                     r.num_cached_tokens = Some(hit_tokens);
                     add(&self.metrics.prompt_tokens, u64::from(r.num_prompt));
@@ -94,6 +128,95 @@ impl<S: OutputSink> Engine<S> {
             }
         }
         self.publish_gauges();
+    }
+
+    /// Starts loading from the CPU tier the blocks after `self.hits` (the GPU hit) that the
+    /// tier holds, when there are any: their GPU blocks are allocated (the hit's touched) but
+    /// not cached until the load ends.
+    fn start_load(&mut self, id: ReqId, now: Instant) -> LoadStart {
+        let bs = self.cfg.block_size;
+        let Engine {
+            reqs,
+            pool,
+            hits,
+            offload,
+            metrics,
+            ..
+        } = self;
+        let Some(tier) = offload.as_mut() else {
+            return LoadStart::Nothing;
+        };
+        let r = reqs.get_mut(&id).expect("waiting request exists");
+        let num_tokens = r.tokens.len() as u32;
+        let max_blocks = ((num_tokens - 1) / bs) as usize;
+        let first = hits.len();
+        if first >= max_blocks.min(r.hashes.len()) {
+            return LoadStart::Nothing;
+        }
+        let wanted = &r.hashes[first..max_blocks.min(r.hashes.len())];
+        let n = tier.lookup(wanted);
+        if r.num_preemptions == 0 {
+            add(
+                &metrics.external_prefix_cache_queries,
+                u64::from(num_tokens - first as u32 * bs),
+            );
+            add(
+                &metrics.external_prefix_cache_hits,
+                n as u64 * u64::from(bs),
+            );
+        }
+        if n == 0 {
+            return LoadStart::Nothing;
+        }
+        let evictable = hits.iter().filter(|&&b| pool.ref_cnt(b) == 0).count() as u32;
+        if n as u32 + evictable > pool.num_free() {
+            return LoadStart::NoRoom;
+        }
+        for &b in hits.iter() {
+            pool.touch(b);
+            r.blocks.push(b);
+        }
+        r.num_cached_blocks = first as u32;
+        let allocated = pool.allocate(n as u32, &mut r.blocks);
+        debug_assert!(allocated);
+        let hashes = wanted[..n].to_vec();
+        let ready_at = tier.begin_load(&hashes, now);
+        let c = tier.config();
+        add(&metrics.offload_load_bytes, n as u64 * c.block_bytes);
+        add(
+            &metrics.offload_load_ns,
+            (c.latency + c.block_load * n as u32).as_nanos() as u64,
+        );
+        r.loading = Some(Loading {
+            ready_at,
+            first: first as u32,
+            hashes,
+        });
+        LoadStart::Started
+    }
+
+    /// A load from the CPU tier ended: its blocks are cached on the GPU (`BlockStored`) and
+    /// the request counts them computed.
+    fn finish_load(&mut self, id: ReqId) {
+        let bs = self.cfg.block_size;
+        let Engine {
+            reqs,
+            pool,
+            hasher,
+            offload,
+            ..
+        } = self;
+        let r = reqs.get_mut(&id).expect("waiting request exists");
+        let Some(load) = r.loading.take() else {
+            return;
+        };
+        if let Some(tier) = offload.as_mut() {
+            tier.end_load(&load.hashes);
+        }
+        let end = load.first as usize + load.hashes.len();
+        cache_blocks(pool, hasher, r, load.first as usize, end);
+        r.num_computed = end as u32 * bs;
+        r.prefetched = true;
     }
 
     fn item(&self, id: ReqId, new_tokens: u32) -> Scheduled {
@@ -178,28 +301,7 @@ impl<S: OutputSink> Engine<S> {
         // Cache the blocks this step fills, as far as their hashes are known.
         let full = ((total.min(r.tokens.len() as u32) / bs) as usize).min(r.hashes.len());
         let start = r.num_cached_blocks as usize;
-        if full > start {
-            for k in start..full {
-                pool.cache(r.blocks[k], r.hashes[k]);
-            }
-            r.num_cached_blocks = full as u32;
-            if pool.records_events() {
-                let keys = r.keys();
-                let extra_keys = (start..full)
-                    .map(|k| hasher.extra_keys(&keys, k as u32 * bs))
-                    .collect();
-                let event = KvEvent::BlockStored {
-                    block_hashes: r.hashes[start..full].to_vec(),
-                    parent_block_hash: start.checked_sub(1).map(|p| r.hashes[p]),
-                    token_ids: r.tokens[start * bs as usize..full * bs as usize].to_vec(),
-                    block_size: bs,
-                    lora_id: r.lora.as_ref().map(|l| l.id),
-                    lora_name: r.lora.as_ref().map(|l| Arc::clone(&l.name)),
-                    extra_keys,
-                };
-                pool.push_event(event);
-            }
-        }
+        cache_blocks(pool, hasher, r, start, full);
         true
     }
 
@@ -211,9 +313,118 @@ impl<S: OutputSink> Engine<S> {
         r.blocks.clear();
         r.num_computed = 0;
         r.num_cached_blocks = 0;
+        r.prefetched = false;
         r.num_preemptions += 1;
         add(&self.metrics.preemptions, 1);
         self.waiting.push_front(id);
+    }
+}
+
+/// What [`Engine::start_load`] did.
+enum LoadStart {
+    /// The CPU tier holds nothing after the GPU hit (or there is no tier).
+    Nothing,
+    /// A load began; the request waits for it.
+    Started,
+    /// The tier holds some, but their GPU blocks do not fit now.
+    NoRoom,
+}
+
+/// Makes blocks `start..full` of `r` findable on the GPU and queues their `BlockStored`.
+fn cache_blocks<S>(
+    pool: &mut BlockPool,
+    hasher: &BlockHasher,
+    r: &mut Request<S>,
+    start: usize,
+    full: usize,
+) {
+    if full <= start {
+        return;
+    }
+    let bs = hasher.block_size();
+    for k in start..full {
+        pool.cache(r.blocks[k], r.hashes[k]);
+    }
+    r.num_cached_blocks = full as u32;
+    if pool.records_events() {
+        pool.push_event(stored_event(hasher, r, start, full, bs));
+    }
+}
+
+/// The `BlockStored` payload of blocks `start..full` of `r`.
+fn stored_event<S>(
+    hasher: &BlockHasher,
+    r: &Request<S>,
+    start: usize,
+    full: usize,
+    bs: u32,
+) -> KvEvent {
+    let keys = r.keys();
+    KvEvent::BlockStored {
+        block_hashes: r.hashes[start..full].to_vec(),
+        parent_block_hash: start.checked_sub(1).map(|p| r.hashes[p]),
+        token_ids: r.tokens[start * bs as usize..full * bs as usize].to_vec(),
+        block_size: bs,
+        lora_id: r.lora.as_ref().map(|l| l.id),
+        lora_name: r.lora.as_ref().map(|l| Arc::clone(&l.name)),
+        extra_keys: (start..full)
+            .map(|k| hasher.extra_keys(&keys, k as u32 * bs))
+            .collect(),
+    }
+}
+
+/// Write-through to the CPU tier: offers it the blocks `r` has computed in full since the
+/// last call, queuing `BlockRemoved` (medium CPU) for what it evicts and `BlockStored` for
+/// what it newly holds.
+pub(super) fn offload_computed<S>(
+    tier: &mut CpuTier,
+    pool: &mut BlockPool,
+    hasher: &BlockHasher,
+    r: &mut Request<S>,
+    metrics: &SimMetrics,
+) {
+    let bs = hasher.block_size();
+    let full = ((r.num_computed / bs) as usize).min(r.hashes.len());
+    let from = r.num_offloaded as usize;
+    if full <= from {
+        return;
+    }
+    r.num_offloaded = full as u32;
+    let done = tier.store(&r.hashes[from..full]);
+    let c = *tier.config();
+    let n = done.stored.len() as u64;
+    add(&metrics.offload_store_bytes, n * c.block_bytes);
+    add(
+        &metrics.offload_store_ns,
+        (c.block_load * n as u32).as_nanos() as u64,
+    );
+    if !pool.records_events() {
+        return;
+    }
+    if !done.evicted.is_empty() {
+        pool.push_event(KvEvent::OffloadRemoved {
+            block_hashes: done.evicted,
+        });
+    }
+    if done.stored.is_empty() {
+        return;
+    }
+    if c.self_describing {
+        // One self-contained event per block (its own parent), as vLLM's tracker sends them.
+        for &h in &done.stored {
+            if let Some(k) = r.hashes[from..full].iter().position(|&x| x == h) {
+                let k = from + k;
+                pool.push_event(KvEvent::Offloaded(Box::new(stored_event(
+                    hasher,
+                    r,
+                    k,
+                    k + 1,
+                    bs,
+                ))));
+            }
+        }
+    } else {
+        pool.push_event(KvEvent::offload_placeholder(done.stored));
     }
 }
 
@@ -269,6 +480,7 @@ mod tests {
             hash_seed: 0,
             record_events: true,
             track_loras: false,
+            offload: None,
         }
     }
 
@@ -369,6 +581,9 @@ mod tests {
                             format!("-{}", labels[&block_hashes[0]])
                         }
                         KvEvent::AllBlocksCleared => "clear".into(),
+                        KvEvent::Offloaded(_) | KvEvent::OffloadRemoved { .. } => {
+                            unreachable!("no offload tier in this test")
+                        }
                     });
                 }
                 label_sequence.push(line.join(" "));

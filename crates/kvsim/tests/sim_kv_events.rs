@@ -423,3 +423,92 @@ async fn bound_publisher_rebinds_its_port_after_a_restart() {
     );
     assert_eq!(replica.kv_events_endpoint(), Some(endpoint.as_str()));
 }
+
+/// The CPU offload tier over real ZMQ, as vLLM's offloading connector sends it: each computed
+/// block reaches the tier (`BlockStored`, medium `CPU`, a placeholder of hashes only), the GPU
+/// evicts it (`BlockRemoved`, `GPU`) while the tier keeps it, a repeat loads it back (cached,
+/// and `BlockStored` on the GPU again), and the full tier evicts its oldest (`BlockRemoved`,
+/// `CPU`).
+#[tokio::test]
+async fn the_cpu_tier_reports_its_blocks_with_medium_cpu() {
+    let mut cfg = events_config("tcp://127.0.0.1:0", "");
+    cfg.num_gpu_blocks = Some(9); // 8 usable: 128 tokens
+    cfg.cpu_offload = Some(kvsim::CpuOffloadConfig {
+        num_blocks: 12,
+        ..kvsim::CpuOffloadConfig::default()
+    });
+    let (replica, app) = start(cfg).await;
+    let mut sub = SubSocket::new();
+    sub.connect(replica.kv_events_endpoint().expect("publishing"))
+        .await
+        .expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    let mut messages = vec![first_message(&app, &mut sub, 300).await];
+    // A: 4 blocks; B fills the GPU and pushes A out; A again.
+    let a = ids(31, 65);
+    for prompt in [a.clone(), ids(32, 113), a.clone()] {
+        let (status, _, body) = call(
+            &app,
+            "POST",
+            "/v1/completions",
+            Some(&tokens_body(&prompt, 1)),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        if prompt == a && messages.len() > 1 {
+            assert_eq!(
+                body["usage"]["prompt_tokens_details"]["cached_tokens"], 64,
+                "loaded from the CPU tier"
+            );
+        }
+        messages.push(recv(&mut sub, DEADLINE).await.expect("a batch"));
+    }
+    while let Some(m) = recv(&mut sub, Duration::from_millis(300)).await {
+        messages.push(m);
+    }
+    let events: Vec<&Vec<(String, Mp)>> = messages.iter().flat_map(|m| m.events.iter()).collect();
+    let on = |kind: &str, medium: &str| -> Vec<u64> {
+        events
+            .iter()
+            .filter(|e| field(e, "type").as_str() == Some(kind))
+            .filter(|e| field(e, "medium").as_str() == Some(medium))
+            .flat_map(|e| u64s(field(e, "block_hashes")))
+            .collect()
+    };
+    let placeholders: Vec<_> = events
+        .iter()
+        .filter(|e| field(e, "medium").as_str() == Some("CPU"))
+        .filter(|e| field(e, "type").as_str() == Some("BlockStored"))
+        .collect();
+    assert!(!placeholders.is_empty());
+    for e in &placeholders {
+        assert_eq!(field(e, "block_size").as_u64(), Some(0));
+        assert!(field(e, "token_ids").as_array().unwrap().is_empty());
+        assert!(field(e, "parent_block_hash").is_nil());
+    }
+    let gpu_stored = on("BlockStored", "GPU");
+    let cpu_stored = on("BlockStored", "CPU");
+    let gpu_removed = on("BlockRemoved", "GPU");
+    let cpu_removed = on("BlockRemoved", "CPU");
+    // A's four blocks are in the tier, left the GPU, and came back to it.
+    let mut hasher = BlockHasher::new(16, 0);
+    let a_hashes: Vec<u64> = (0..4)
+        .scan(None, |parent, k| {
+            let h = hasher.hash_block(*parent, &a[k * 16..(k + 1) * 16], 0, &HashKeys::default());
+            *parent = Some(h);
+            Some(h)
+        })
+        .collect();
+    for h in &a_hashes {
+        assert!(cpu_stored.contains(h), "stored to the tier");
+        assert!(gpu_removed.contains(h), "evicted from the GPU");
+        assert_eq!(
+            gpu_stored.iter().filter(|&x| x == h).count(),
+            2,
+            "computed once, loaded back once"
+        );
+    }
+    // 4 + 7 + first_message's blocks passed 12: the tier evicted its oldest.
+    assert!(!cpu_removed.is_empty(), "{cpu_removed:?}");
+    assert!(cpu_removed.iter().all(|h| cpu_stored.contains(h)));
+}

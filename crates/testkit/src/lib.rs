@@ -67,7 +67,9 @@ pub use poll::{eventually, poll_until, wait_http};
 pub use proc::{cpu_seconds_of, own_cpu_s, Proc};
 pub use redis::Redis;
 pub use replica::{start_replica, Replica, ReplicaSpec, KV_EVENTS_BIND};
-pub use router::{check_config, router_config, start_router, ConfigEndpoint, Router};
+pub use router::{
+    check_config, router_config, router_config_with_pool, start_router, ConfigEndpoint, Router,
+};
 pub use stack::{candidate_row, Stack, StackOptions};
 
 /// The model every test replica serves unless told otherwise.

@@ -125,12 +125,29 @@ impl ConfigEndpoint for Replica {
 /// interval, the EDS file at `dir/eds.json`, plus `extra` YAML (top-level sections other than
 /// `pools`, `server` and `envoy`).
 pub fn router_config<E: ConfigEndpoint>(dir: &Path, endpoints: &[E], extra: &str) -> String {
+    router_config_with_pool(dir, endpoints, extra, "")
+}
+
+/// [`router_config`] with `pool_extra` YAML in the pool's mapping (fields of `pools[0]` other
+/// than `name`, `models` and `endpoints`, one per line at the pool's indentation, e.g.
+/// `kv_tiers: {cpu: {bandwidth_gb_per_s: 5}}`).
+pub fn router_config_with_pool<E: ConfigEndpoint>(
+    dir: &Path,
+    endpoints: &[E],
+    extra: &str,
+    pool_extra: &str,
+) -> String {
     let endpoints: String = endpoints.iter().map(E::endpoint_yaml).collect();
+    let pool_extra: String = pool_extra
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("    {l}\n"))
+        .collect();
     format!(
         "server:\n  reload_interval_ms: 50\n\
          envoy:\n  eds_path: {eds}\n\
          {extra}\n\
-         pools:\n  - name: test\n    models: [{MODEL}]\n    endpoints:\n{endpoints}",
+         pools:\n  - name: test\n    models: [{MODEL}]\n{pool_extra}    endpoints:\n{endpoints}",
         eds = dir.join("eds.json").display()
     )
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use kvrouter::envoyconf::{self, BodyMode, ClusterStyle};
 
 use crate::{
-    envoy_options, eventually, post, router_config, start_envoy, start_replica, start_router,
-    Envoy, Replica, ReplicaSpec, Reply, Router,
+    envoy_options, eventually, post, router_config, router_config_with_pool, start_envoy,
+    start_replica, start_router, Envoy, Replica, ReplicaSpec, Reply, Router,
 };
 
 /// Replicas + kvrouter + Envoy, wired together in a temporary directory (logs included).
@@ -31,6 +31,8 @@ pub struct StackOptions<'a> {
     pub replicas: usize,
     /// Extra router YAML (top-level sections other than `pools`, `server`, `envoy`).
     pub router_extra: &'a str,
+    /// Extra fields of the router's one pool (see [`router_config_with_pool`]). Default none.
+    pub pool_extra: &'a str,
     /// How Envoy routes to the pick. Default `OverrideHost`.
     pub cluster: ClusterStyle,
     /// How Envoy sends bodies to kvrouter. Default `Buffered`.
@@ -55,6 +57,7 @@ impl Default for StackOptions<'_> {
         StackOptions {
             replicas: 3,
             router_extra: "",
+            pool_extra: "",
             cluster: ClusterStyle::OverrideHost,
             body_mode: BodyMode::Buffered,
             observe: true,
@@ -83,7 +86,7 @@ impl Stack {
         let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
         let router = start_router(
             dir.path(),
-            &router_config(dir.path(), &replicas, o.router_extra),
+            &router_config_with_pool(dir.path(), &replicas, o.router_extra, o.pool_extra),
         );
         let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
         let options = envoyconf::EnvoyOptions {
@@ -164,6 +167,18 @@ impl Stack {
     pub async fn reconfigure(&self, replicas: &[SocketAddr], extra: &str) {
         self.reload(&router_config(self.dir.path(), replicas, extra))
             .await;
+    }
+
+    /// [`Stack::reload`] with [`router_config_with_pool`] for the stack's replicas (their KV
+    /// events included).
+    pub async fn reconfigure_pool(&self, extra: &str, pool_extra: &str) {
+        self.reload(&router_config_with_pool(
+            self.dir.path(),
+            &self.replicas,
+            extra,
+            pool_extra,
+        ))
+        .await;
     }
 }
 

@@ -153,6 +153,31 @@ fn copies_are_counted_and_media_removed_one_at_a_time() {
     assert_eq!(t.len(), 0);
 }
 
+/// vLLM's offloading connector without `self_describing_kv_events` announces a block's CPU
+/// copy as a placeholder: its hash only, no tokens, no parent, block size 0. A known hash gains
+/// the medium; an unknown one (its GPU event was missed) maps to nothing of ours.
+#[test]
+fn a_placeholder_adds_a_medium_to_a_known_block_and_maps_nothing_else() {
+    let (index, _) = index();
+    let mut t = table(4);
+    let tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+    let h = ours(&plain(), 4, &tokens);
+    t.store(&stored(&[7, 8], None, &tokens, 4), EP, &index);
+    let mut cpu = stored(&[8, 99], None, &[], 0);
+    cpu.medium = Medium::Cpu;
+    let a = t.store(&cpu, EP, &index);
+    assert_eq!((a.mapped, a.unmapped), (0, 1), "99 is not ours to map");
+    t.remove(&removed(&[8], Medium::Gpu), EP, &index);
+    let m = held(&index, &h);
+    assert_eq!((m.blocks, m.offloaded_blocks, m.cpu_blocks), (2, 1, 1));
+    t.remove(&removed(&[99], Medium::Cpu), EP, &index);
+    assert_eq!(
+        held(&index, &h).blocks,
+        2,
+        "an unmapped block's removal takes nothing"
+    );
+}
+
 #[test]
 fn an_engine_removal_erases_our_prediction_of_the_block_too() {
     let (index, _) = index();

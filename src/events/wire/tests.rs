@@ -193,6 +193,44 @@ fn positional_encoding_with_old_short_and_new_long_forms() {
     );
 }
 
+/// The simulator's CPU tier speaks as vLLM's offloading connector: a placeholder
+/// `BlockStored` (hashes only, block size 0) and a `BlockRemoved`, both with medium `CPU`.
+#[test]
+fn offload_placeholders_decode_with_their_medium() {
+    let payload = encode_batch(
+        1.0,
+        &[
+            KvEvent::offload_placeholder(vec![5, 6]),
+            KvEvent::OffloadRemoved {
+                block_hashes: vec![5],
+            },
+        ],
+        0,
+    );
+    let batch = decode_batch(&payload).unwrap();
+    assert_eq!(
+        batch.events,
+        vec![
+            Event::Stored(BlockStored {
+                block_hashes: vec![5, 6],
+                parent_block_hash: None,
+                token_ids: vec![],
+                block_size: 0,
+                lora_id: None,
+                medium: Medium::Cpu,
+                lora_name: None,
+                extra_keys: None,
+                group_idx: Some(0),
+            }),
+            Event::Removed(BlockRemoved {
+                block_hashes: vec![5],
+                medium: Medium::Cpu,
+                group_idx: Some(0),
+            }),
+        ]
+    );
+}
+
 #[test]
 fn map_batches_unknown_fields_and_byte_hashes() {
     let digest: Vec<u8> = (0u8..32).collect();
@@ -278,12 +316,12 @@ fn malformed_messages_are_errors_naming_what_is_wrong() {
                         "BlockStored".into(),
                         uints(&[1]),
                         V::Nil,
-                        uints(&[]),
+                        uints(&[7, 8]),
                         0.into(),
                     ])]),
                 ])),
             ],
-            "block_size: must be > 0",
+            "block_size: must be > 0 when token_ids are given",
         ),
         (
             vec![

@@ -14,11 +14,13 @@ fn endpoints(s: &Shard, hash: u64) -> Vec<EndpointId> {
     }
 }
 
-/// What a lookup with every endpoint alive says of one block: (held, confirmed, offloaded).
-fn extend(s: &Shard, hash: u64, now: u64, max_id: usize) -> [Vec<usize>; 3] {
+/// What a lookup with every endpoint alive says of one block: (held, confirmed, offloaded,
+/// offloaded in CPU memory).
+fn extend(s: &Shard, hash: u64, now: u64, max_id: usize) -> [Vec<usize>; 4] {
     let words = max_id / 64 + 1;
     let alive = vec![u64::MAX; words];
-    let (mut next, mut confirmed, mut offloaded) = (vec![0; words], vec![0; words], vec![0; words]);
+    let (mut next, mut confirmed) = (vec![0; words], vec![0; words]);
+    let (mut offloaded, mut cpu) = (vec![0; words], vec![0; words]);
     if let Some(b) = s.block(hash) {
         b.extend(
             now,
@@ -29,6 +31,7 @@ fn extend(s: &Shard, hash: u64, now: u64, max_id: usize) -> [Vec<usize>; 3] {
                 next: &mut next,
                 confirmed: &mut confirmed,
                 offloaded: &mut offloaded,
+                cpu: &mut cpu,
             },
         );
     }
@@ -37,7 +40,7 @@ fn extend(s: &Shard, hash: u64, now: u64, max_id: usize) -> [Vec<usize>; 3] {
             .filter(|&e| bits[e / 64] >> (e % 64) & 1 == 1)
             .collect()
     };
-    [ids(&next), ids(&confirmed), ids(&offloaded)]
+    [ids(&next), ids(&confirmed), ids(&offloaded), ids(&cpu)]
 }
 
 #[test]
@@ -52,15 +55,18 @@ fn holders_and_records_pack_into_twelve_and_twenty_bytes() {
     assert_eq!(x.endpoint(), super::super::MAX_ENDPOINT_ID);
     assert_eq!(x.predicted_until_ms(), 100);
     assert!(x.confirmed() && x.live(1000));
-    assert_eq!(x.state(1000), Some((true, true)), "offloaded");
+    assert_eq!(x.state(1000), Some(Medium::Cpu.bit()), "offloaded");
     x.set_media(Medium::Cpu.bit() | Medium::Gpu.bit());
-    assert_eq!(x.state(1 << 30), Some((true, false)));
+    assert_eq!(
+        x.state(1 << 30),
+        Some(Medium::Cpu.bit() | Medium::Gpu.bit())
+    );
     let mut y = Holder::new(3, 0);
     assert_eq!(y.state(0), None);
     y.set_predicted_until_ms(10);
-    assert_eq!((y.state(9), y.state(10)), (Some((false, false)), None));
+    assert_eq!((y.state(9), y.state(10)), (Some(0), None), "predicted only");
     y.set_media(Medium::Other.bit());
-    assert_eq!(y.state(10), Some((true, true)));
+    assert_eq!(y.state(10), Some(Medium::Other.bit()));
     x.set_predicted_until_ms(u64::MAX);
     assert_eq!(
         x.predicted_until_ms(),
@@ -169,7 +175,10 @@ fn shared_blocks_find_each_of_many_holders_in_scrambled_orders() {
         let kept: Vec<EndpointId> = (0..n).filter(|e| e % 3 != 0).collect();
         assert_eq!(endpoints(&s, 9), kept);
         let ids: Vec<usize> = kept.iter().map(|&e| e as usize).collect();
-        assert_eq!(extend(&s, 9, 0, n as usize + 70), [ids, vec![], vec![]]);
+        assert_eq!(
+            extend(&s, 9, 0, n as usize + 70),
+            [ids, vec![], vec![], vec![]]
+        );
     }
 }
 
@@ -197,7 +206,7 @@ fn a_summary_says_what_its_holders_say_at_word_boundaries() {
     let at = |s: &Shard, now| extend(s, 9, now, 255);
     assert_eq!(
         at(&s, 0),
-        [all.clone(), vec![63, 64, 65, 200], vec![64, 200]]
+        [all.clone(), vec![63, 64, 65, 200], vec![64, 200], vec![64]]
     );
     // Predictions expire at 100 + id: past 164, of the predicted-only only 165+ are live.
     let live_at = |now: u64| -> Vec<usize> {
@@ -228,6 +237,7 @@ fn a_summary_says_what_its_holders_say_at_word_boundaries() {
     let rest: Vec<usize> = live_at(150).into_iter().filter(|&e| e >= 32).collect();
     assert_eq!(at(&s, 150)[0], rest);
     assert_eq!(at(&s, 150)[1], vec![63, 64, 65]);
+    assert_eq!(at(&s, 150)[3], vec![64], "in CPU memory only");
 }
 
 /// Ids too sparse for bitsets to pay (a few holders spread over millions of ids) keep a plain

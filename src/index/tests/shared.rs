@@ -186,7 +186,7 @@ proptest! {
 
     /// Hundreds of endpoints on a handful of blocks, so blocks gain and lose their bitset
     /// summaries, ids are retired and reused, predictions expire: lookups say exactly what the
-    /// model says (matched, confirmed and offloaded blocks).
+    /// model says (matched, confirmed, offloaded and CPU blocks).
     #[test]
     fn widely_shared_blocks_match_the_model(ops in prop::collection::vec(arb_wide_op(), 1..40)) {
         let (idx, clock) = index(CAPACITY, TTL_MS);

@@ -1,0 +1,280 @@
+//! The room over real tables (endpoint loads, learned speeds, the cost model), and the predicted
+//! room in a closed loop: a router, its flow controller and two fake engines that prefill one
+//! prompt at a time, under tokio's paused clock.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::*;
+use crate::flow::{Labels, Shed};
+use crate::load::TtftContext;
+use crate::request::{self, ApiKind};
+use crate::router::{RouteContext, Router, Ticket};
+use crate::telemetry::Metrics;
+
+const TWO: &str = "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:8001'}, \
+                   {address: '127.0.0.1:8002'}]}]\n";
+
+fn router(extra: &str) -> Router {
+    let config = Config::parse_and_validate(&format!("{TWO}{extra}"), "test").unwrap();
+    Router::new(config, Arc::new(Metrics::new()), Path::new(".")).unwrap()
+}
+
+fn room_of(r: &Router) -> TablesRoom {
+    TablesRoom {
+        tables: Arc::clone(&r.tables),
+        state: Arc::clone(&r.state),
+    }
+}
+
+fn endpoint(r: &Router, i: usize) -> Arc<Endpoint> {
+    Arc::clone(&r.tables.registry.snapshot().all()[i])
+}
+
+fn limits(mode: RoomMode) -> RoomConfig {
+    RoomConfig {
+        mode,
+        ..RoomConfig::default()
+    }
+}
+
+const PROMPT: Ask = Ask {
+    tokens: 2000,
+    ttft_target_ms: None,
+};
+
+#[tokio::test(start_paused = true)]
+async fn predicted_room_counts_prompts_in_prefill_in_the_endpoints_own_time() {
+    let r = router("");
+    let room = room_of(&r);
+    let (predicted, fixed) = (limits(RoomMode::Predicted), limits(RoomMode::Static));
+    let free = |limits: &RoomConfig, ask: &Ask| room.room("m", limits, ask).free_requests;
+    // Idle: one prompt each under the predicted room (the wait may be half a typical
+    // prefill), eight each under the static thresholds.
+    assert_eq!((free(&predicted, &PROMPT), free(&fixed, &PROMPT)), (2, 16));
+    // One 2000-token prompt in prefill on the first endpoint: 200 ms of wait at the default
+    // 10000 tokens/s against a 100 ms budget. The static room still sees 7 free there.
+    let a = endpoint(&r, 0).load.begin(2000);
+    assert_eq!((free(&predicted, &PROMPT), free(&fixed, &PROMPT)), (1, 15));
+    let b = endpoint(&r, 1).load.begin(2000);
+    assert_eq!((free(&predicted, &PROMPT), free(&fixed, &PROMPT)), (0, 14));
+    // A 1000 ms target budgets 800 ms over a 200 ms typical prefill: from 200.5 ms of wait
+    // (the prompt plus 0.5 ms for the running request), three more prompts start within it.
+    let target = Ask {
+        ttft_target_ms: Some(1000),
+        ..PROMPT
+    };
+    assert_eq!(free(&predicted, &target), 6);
+    // The typical prompt is the endpoints' average, not the asker's estimate: a request that
+    // claims to be small does not squeeze in.
+    let small = Ask {
+        tokens: 10,
+        ..PROMPT
+    };
+    assert_eq!(free(&predicted, &small), 0);
+    drop((a, b));
+    assert_eq!(free(&predicted, &PROMPT), 2, "released");
+
+    // A slower engine (learned: 2000 tokens/s, five times slower) with the same prompt in
+    // prefill has the same room: the budget is in its own time.
+    let slow = endpoint(&r, 0);
+    let cfg = Arc::clone(&r.snapshot().config);
+    for _ in 0..cfg.load.learning.min_samples {
+        let ctx = TtftContext {
+            work_tokens: 2000,
+            fixed_ms: 0.0,
+            predicted_ms: f64::NAN,
+            engine_waiting: Some(0),
+            tier_load: false,
+        };
+        slow.load
+            .learned
+            .observe(&ctx, 1000.0, &cfg.load.learning, Instant::now());
+    }
+    assert_eq!(
+        slow.load.learned.prefill_tokens_per_s(&cfg.load.learning),
+        Some(2000.0)
+    );
+    let a = slow.load.begin(2000);
+    assert_eq!(free(&predicted, &PROMPT), 1, "only the fast one");
+    drop(a);
+    // A quarter prompt ahead on the slow one (250 ms) is within half its typical prefill
+    // (now the average of 2000 and 500 tokens, 906 ms there).
+    let a = slow.load.begin(500);
+    assert_eq!(free(&predicted, &PROMPT), 2);
+    drop(a);
+}
+
+#[tokio::test(start_paused = true)]
+async fn thresholds_bound_both_modes() {
+    let r = router("load: {scrape: {enabled: false}}\n");
+    let room = room_of(&r);
+    // Under the predicted room the thresholds still apply: a waiting-request limit of one
+    // (the router's own count without a scrape) leaves no room where a prompt waits, even a
+    // small one whose wait the budget would allow.
+    let tight = RoomConfig {
+        max_waiting_requests: 1,
+        ..limits(RoomMode::Predicted)
+    };
+    let _a = endpoint(&r, 0).load.begin(10);
+    let target = Ask {
+        ttft_target_ms: Some(60_000),
+        ..PROMPT
+    };
+    assert_eq!(room.room("m", &tight, &target).free_requests, 1);
+    assert_eq!(
+        room.room("m", &limits(RoomMode::Predicted), &target)
+            .free_requests,
+        // Nearly a minute of budget: bounded by the default eight waiting requests.
+        7 + 8
+    );
+    assert_eq!(room.room("nope", &tight, &PROMPT), Room::default());
+}
+
+/// One routed request in a fake engine's queue.
+struct Job {
+    arrived: Instant,
+    decided: Instant,
+    priority: i32,
+    ticket: Ticket,
+}
+
+#[derive(Default)]
+struct Engines {
+    queues: [VecDeque<Job>; 2],
+    /// (priority, arrival to first byte) of every first byte, with its time since the start.
+    first_bytes: Vec<(i32, Duration, Duration)>,
+    shed: Vec<Shed>,
+}
+
+const PREFILL: Duration = Duration::from_millis(200);
+
+/// Two engines that prefill one prompt at a time (200 ms each, FCFS), fed by `r`'s flow
+/// control and routing: 40 sheddable requests a second for 3 s (four times the engines'
+/// capacity) and a critical one every 250 ms. Returns what the engines saw.
+async fn closed_loop(r: Arc<Router>) -> Engines {
+    let engines = Arc::new(Mutex::new(Engines::default()));
+    let start = Instant::now();
+    let mut arrivals = Vec::new();
+    for i in 0..120u64 {
+        arrivals.push((Duration::from_millis(i * 25), -1));
+    }
+    for i in 0..12u64 {
+        arrivals.push((Duration::from_millis(10 + i * 250), 1));
+    }
+    let mut tasks = Vec::new();
+    for (n, (at, priority)) in arrivals.into_iter().enumerate() {
+        let (r, engines) = (Arc::clone(&r), Arc::clone(&engines));
+        // About 2000 tokens by the byte estimate, unique from the start (nothing cached).
+        let text = format!("{n:08} {}", "word ".repeat(1600));
+        let body =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+                .to_string()
+                .into_bytes();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + at).await;
+            let arrived = Instant::now();
+            let labels = Labels {
+                priority,
+                flow: "t".into(),
+                ..Labels::default()
+            };
+            let permit = match r.admission().admit("m", &labels, body.len()).await {
+                Ok(permit) => permit,
+                Err(shed) => return engines.lock().shed.push(shed),
+            };
+            let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+            let ctx = RouteContext {
+                subset: None,
+                tenant: None,
+                request_id: "",
+                objective: None,
+            };
+            let d = r.decide(&r.snapshot(), &req, ctx).unwrap();
+            let i = usize::from(d.primary().address.port() == 8002);
+            engines.lock().queues[i].push_back(Job {
+                arrived,
+                decided: Instant::now(),
+                priority,
+                ticket: d.ticket,
+            });
+            drop(permit);
+        }));
+    }
+    for i in 0..2 {
+        let engines = Arc::clone(&engines);
+        tasks.push(tokio::spawn(async move {
+            while start.elapsed() < Duration::from_secs(5) {
+                let Some(mut job) = engines.lock().queues[i].pop_front() else {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                };
+                tokio::time::sleep(PREFILL).await;
+                let at = job.ticket.decided_at() + job.decided.elapsed();
+                job.ticket.on_first_byte(at);
+                let ttft = job.arrived.elapsed();
+                engines
+                    .lock()
+                    .first_bytes
+                    .push((job.priority, ttft, start.elapsed()));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut out = engines.lock();
+    std::mem::take(&mut *out)
+}
+
+fn worst_critical(e: &Engines) -> Duration {
+    e.first_bytes
+        .iter()
+        .filter(|(p, _, _)| *p == 1)
+        .map(|(_, ttft, _)| *ttft)
+        .max()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_overload_the_predicted_room_keeps_critical_ttft_near_one_prefill() {
+    let flow = "flow_control: {enabled: true, max_wait_ms: 1000, room: {mode: MODE}}\n";
+    let predicted = closed_loop(Arc::new(router(&flow.replace("MODE", "predicted")))).await;
+    // Every critical request waited at most for one engine's prompt in prefill (200 ms, the
+    // sooner of two), then its own: 400 ms and the engines' 1 ms polling.
+    let critical = predicted
+        .first_bytes
+        .iter()
+        .filter(|(p, _, _)| *p == 1)
+        .count();
+    assert_eq!(critical, 12, "every critical request was served");
+    assert!(
+        worst_critical(&predicted) <= Duration::from_millis(410),
+        "{:?}",
+        worst_critical(&predicted)
+    );
+    // The engines were never idle while requests waited: a prompt every 201 ms each (its
+    // 200 ms and a 1 ms poll) from the start to the last arrival, 3 s.
+    let by_3s = predicted
+        .first_bytes
+        .iter()
+        .filter(|(_, _, at)| *at <= Duration::from_secs(3))
+        .count();
+    assert!(by_3s >= 2 * 14, "{by_3s} prompts prefilled by 3 s");
+    // The excess was turned away as sheddable (429), nothing critical.
+    assert!(!predicted.shed.is_empty());
+    assert!(predicted.shed.iter().all(|s| s.status() == 429));
+
+    // The static room as shipped lets eight prompts wait in each engine, where the critical
+    // request waits behind them.
+    let fixed = closed_loop(Arc::new(router(&flow.replace("MODE", "static")))).await;
+    assert!(
+        worst_critical(&fixed) > Duration::from_millis(1000),
+        "{:?}",
+        worst_critical(&fixed)
+    );
+}
