@@ -48,11 +48,21 @@ impl<'a> RawRequest<'a> {
             budget: &budget,
         };
         // Without tracking the path first: tracking cost as much as the rest of the parse
-        // (4 kB chat, ~25k instructions each), and only an error needs it. A body that fails is
-        // parsed again, tracking, up to the same error (deterministic: the same error comes).
+        // (4 kB chat, ~25k instructions each), and only an error needs it. A body over a limit
+        // needs no path (the budget names the field): refused at once, so a hostile body is
+        // never parsed twice. Any other failure is parsed again, tracking, up to the same
+        // error (deterministic: the same error comes).
         let raw = match seed.deserialize(&mut de) {
             Ok(raw) => raw,
-            Err(first) => return Err(Self::failure(body, api, limits, first)),
+            Err(first) => {
+                return Err(match budget.hit() {
+                    Some(hit) => RequestError::TooLarge {
+                        field: hit.field,
+                        limit: hit.limit,
+                    },
+                    None => Self::failure(body, api, limits, first),
+                })
+            }
         };
         // Trailing garbage after the object is malformed JSON too.
         de.end().map_err(|e| classify(None, e))?;
