@@ -106,7 +106,7 @@ bench-validate: release envoy tokenizers
 ## TRACE=FILE replays a trace of your own in the same format.
 TRACE ?= mooncake-conversation.jsonl
 bench-replay: release envoy tokenizers
-	target/release/kvbench replay --trace $(TRACE) --start-s 600 --duration-s 300 --speedup 2 \
+	target/release/kvbench replay --trace $(TRACE) --start-s 600 --duration-s 300 --speedup 1 \
 		--out bench-out/replay --no-overhead \
 		--envoy $(abspath $(ENVOY)) --tokenizers $(abspath $(TOKENIZERS)) $(BENCH_ARGS)
 

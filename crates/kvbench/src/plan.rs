@@ -607,7 +607,17 @@ pub struct TraceSpec {
     pub max_requests: Option<usize>,
     /// Inputs longer than this are cut to it (their later blocks dropped). Default 65536.
     pub max_input_tokens: usize,
+    /// The engines' context length: an input is also cut so that it, its output and
+    /// [`TEMPLATE_TOKENS`] of chat template fit in it (an engine answers 400 to a request
+    /// that does not fit, which would count as a failure of every policy alike). Default:
+    /// none (only `max_input_tokens` applies).
+    pub max_context_tokens: Option<usize>,
 }
+
+/// Tokens a replayed request's chat template adds to its input, kept free under
+/// [`TraceSpec::max_context_tokens`] (the Qwen3 and Llama 3 templates add 5-30 to one user
+/// message).
+pub const TEMPLATE_TOKENS: usize = 64;
 
 impl Default for TraceSpec {
     fn default() -> Self {
@@ -619,6 +629,7 @@ impl Default for TraceSpec {
             block_tokens: 512,
             max_requests: None,
             max_input_tokens: 65_536,
+            max_context_tokens: None,
         }
     }
 }
@@ -1074,6 +1085,15 @@ fn check_shape(shape: &Shape, at: &str) -> Vec<String> {
         Shape::Trace(s) => {
             positive("block_tokens", s.block_tokens);
             positive("max_input_tokens", s.max_input_tokens);
+            if let Some(c) = s.max_context_tokens {
+                if c <= TEMPLATE_TOKENS + 1 {
+                    errors.push(format!(
+                        "{at}.shape.max_context_tokens must exceed {} (the template's share and \
+                         one output token)",
+                        TEMPLATE_TOKENS + 1
+                    ));
+                }
+            }
             if s.path.trim().is_empty() {
                 errors.push(format!("{at}.shape.path must name a trace file"));
             }

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{user, GenContext, Start, Trace, TraceRequest};
-use crate::plan::{TraceSpec, WorkloadSpec};
+use crate::plan::{TraceSpec, WorkloadSpec, TEMPLATE_TOKENS};
 use crate::BenchError;
 
 /// Words per sentence in block text (a period follows).
@@ -121,6 +121,15 @@ pub fn trace_shared_tokens(lines: &[TraceLine], block_tokens: usize) -> Vec<usiz
         .collect()
 }
 
+/// The longest input a request with `output` tokens to generate may keep: `max_input_tokens`,
+/// and room for the output and the template under `max_context_tokens`.
+fn input_limit(s: &TraceSpec, output: usize) -> usize {
+    let context = s.max_context_tokens.map_or(usize::MAX, |c| {
+        c.saturating_sub(output.max(1) + TEMPLATE_TOKENS).max(1)
+    });
+    s.max_input_tokens.min(context)
+}
+
 pub(super) fn generate(
     s: &TraceSpec,
     _w: &WorkloadSpec,
@@ -142,10 +151,10 @@ pub(super) fn generate(
     }
     // Cut over-long inputs to whole blocks (their tails are dropped from the trace's view too).
     for l in &mut lines {
-        if l.input_length > s.max_input_tokens {
-            l.input_length = s.max_input_tokens;
-            l.hash_ids
-                .truncate(s.max_input_tokens.div_ceil(s.block_tokens));
+        let most = input_limit(s, l.output_length as usize);
+        if l.input_length > most {
+            l.input_length = most;
+            l.hash_ids.truncate(most.div_ceil(s.block_tokens));
         }
     }
     let words = cx.vocab.single_token_words(WORDS)?;
@@ -258,6 +267,22 @@ mod tests {
             line(&[1, 2, 3], 1030),
         ];
         assert_eq!(trace_shared_tokens(&lines, 512), vec![0, 1024, 0, 1030]);
+    }
+
+    #[test]
+    fn inputs_leave_room_for_their_output_in_the_context() {
+        let mut s = TraceSpec {
+            max_input_tokens: 32_768,
+            ..TraceSpec::default()
+        };
+        assert_eq!(input_limit(&s, 500), 32_768, "no context length: the input cap alone");
+        s.max_context_tokens = Some(32_768);
+        assert_eq!(input_limit(&s, 500), 32_768 - 500 - TEMPLATE_TOKENS);
+        assert_eq!(input_limit(&s, 0), 32_768 - 1 - TEMPLATE_TOKENS);
+        s.max_input_tokens = 8_000;
+        assert_eq!(input_limit(&s, 500), 8_000, "the lower of the two");
+        s.max_context_tokens = Some(100);
+        assert_eq!(input_limit(&s, 5_000), 1, "an output longer than the context keeps a token");
     }
 }
 
