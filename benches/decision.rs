@@ -7,7 +7,8 @@
 //!
 //! Not criterion: the question is a tail percentile, which needs every sample.
 //!
-//! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size)
+//! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size,
+//! `-- --endpoints N` for one fleet size only, e.g. under a profiler)
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -96,7 +97,13 @@ fn main() {
         "{:>9} {:>5} {:>10} {:>10} {:>10}",
         "endpoints", "round", "p50 us", "p99 us", "p99.9 us"
     );
-    for endpoints in [8usize, 64, 256] {
+    let only = arg("--endpoints", 0);
+    let sizes: Vec<usize> = if only > 0 {
+        vec![only]
+    } else {
+        vec![8, 64, 256]
+    };
+    for endpoints in sizes {
         let (router, addrs) = router(endpoints);
         // Each endpoint routes the prompt once (a subset hint of just that endpoint), so each
         // holds its prefix by prediction.

@@ -14,9 +14,9 @@
 //!
 //! # Memory
 //!
-//! An engine block is a 20-byte record in a dense paged vector ([`Pages`]), found by its engine hash through a
-//! table of 4-byte record numbers (5 bytes a bucket with hashbrown's control byte, so 5.7 to
-//! 11 bytes a block as the table doubles). The record holds the engine hash, the one block of
+//! An engine block is a 20-byte record in a dense paged vector ([`Pages`]), found by its engine
+//! hash through a [`RecordTable`] of 4-byte record numbers kept 70% to 87.5% full (4.6 to 5.7
+//! bytes a block; hashbrown's, doubling, took 5.7 to 11.4). The record holds the engine hash, the one block of
 //! ours it makes when the engine's block size equals ours (vLLM on GPU: 16 and 16), and its
 //! namespace, kind and copy counts packed in 32 bits. Anything else (several blocks of ours,
 //! leftover tokens) spills into a side vector, once per engine block: amortised over the
@@ -26,10 +26,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
-
 use super::wire::{BlockRemoved, BlockStored, ExtraKey};
-use crate::index::{EndpointId, Medium, OwnershipIndex, Pages};
+use crate::index::{EndpointId, Medium, OwnershipIndex, Pages, RecordTable, MAX_RECORDS};
 use crate::prefix::{BlockHasher, ChainState, Namespace};
 
 const MEDIA: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Other];
@@ -160,9 +158,12 @@ type NamespaceKey = (Option<Box<str>>, Option<Box<str>>);
 #[derive(Debug)]
 pub(crate) struct EngineBlocks {
     /// Engine hash -> index in `blocks`; keyed per process (hashes come from the engine).
-    table: HashTable<u32>,
-    hasher: ahash::RandomState,
+    table: RecordTable,
     blocks: Pages<EngineBlock>,
+    /// Most engine blocks the table holds ([`MAX_RECORDS`]; smaller in tests), far above
+    /// `kv_events.max_engine_blocks`' default: past it, a new block is not tracked (its
+    /// removal will count as unknown, its children as unmapped).
+    limit: usize,
     spills: Vec<Spill>,
     free_spills: Vec<u32>,
     /// Exact copy counts of blocks whose counts outgrew `meta` (by engine hash).
@@ -175,9 +176,9 @@ pub(crate) struct EngineBlocks {
 impl EngineBlocks {
     pub(crate) fn new(rehash: Rehash) -> EngineBlocks {
         EngineBlocks {
-            table: HashTable::new(),
-            hasher: ahash::RandomState::new(),
+            table: RecordTable::new(),
             blocks: Pages::default(),
+            limit: MAX_RECORDS,
             spills: Vec::new(),
             free_spills: Vec::new(),
             many_copies: HashMap::default(),
@@ -199,7 +200,7 @@ impl EngineBlocks {
             .iter()
             .map(|s| s.ours.len() * 8 + s.pending.len() * 4)
             .sum();
-        self.table.allocation_size()
+        self.table.heap_bytes()
             + self.blocks.heap_bytes()
             + self.spills.capacity() * std::mem::size_of::<Spill>()
             + spills
@@ -211,19 +212,15 @@ impl EngineBlocks {
     fn find(&self, hash: u64) -> Option<usize> {
         let blocks = &self.blocks;
         self.table
-            .find(self.hasher.hash_one(hash), |&i| {
-                blocks[i as usize].hash() == hash
-            })
-            .map(|&i| i as usize)
+            .find(hash, |i| blocks[i as usize].hash())
+            .map(|i| i as usize)
     }
 
     fn push(&mut self, block: EngineBlock) -> usize {
         let i = self.blocks.push(block);
-        let (blocks, hasher) = (&self.blocks, &self.hasher);
+        let blocks = &self.blocks;
         self.table
-            .insert_unique(hasher.hash_one(block.hash()), i as u32, |&j| {
-                hasher.hash_one(blocks[j as usize].hash())
-            });
+            .insert_unique(block.hash(), i as u32, |j| blocks[j as usize].hash());
         i
     }
 
@@ -238,21 +235,11 @@ impl EngineBlocks {
         if b.meta & MANY_COPIES != 0 {
             self.many_copies.remove(&hash);
         }
-        let blocks = &self.blocks;
-        if let Ok(e) = self.table.find_entry(self.hasher.hash_one(hash), |&j| {
-            blocks[j as usize].hash() == hash
-        }) {
-            e.remove();
-        }
+        self.table.remove(hash, i as u32);
         let last = self.blocks.len() - 1;
         if i != last {
             let moved = self.blocks[last].hash();
-            if let Some(j) = self
-                .table
-                .find_mut(self.hasher.hash_one(moved), |&j| j as usize == last)
-            {
-                *j = i as u32;
-            }
+            self.table.replace(moved, last as u32, i as u32);
         }
         self.blocks.swap_remove(i);
     }
@@ -354,6 +341,12 @@ impl EngineBlocks {
                 .and_then(|k| k.get(i))
                 .and_then(|k| k.as_deref())
                 .unwrap_or(&[]);
+            if self.blocks.len() >= self.limit {
+                // No room to track it (or its children): as if its chain were unknown.
+                applied.unmapped += 1;
+                cursor = Cursor::Opaque;
+                continue;
+            }
             let root = matches!(cursor, Cursor::Root);
             let start = match (cursor, has_tokens, classify(ev, keys, root)) {
                 (_, false, _) | (Cursor::Opaque, ..) | (_, _, Keys::Opaque) => None,
@@ -516,7 +509,7 @@ impl EngineBlocks {
 
     /// Forgets every engine block (the caller clears or withdraws the index entries).
     pub(crate) fn clear(&mut self) {
-        self.table = HashTable::new();
+        self.table.clear();
         self.blocks = Pages::default();
         self.spills = Vec::new();
         self.free_spills = Vec::new();

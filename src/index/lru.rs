@@ -1,14 +1,18 @@
 //! One endpoint's recency order over its blocks: a doubly linked list in a slab, so touching,
-//! adding and evicting are O(1) and a node is 16 bytes. Slots are handed to the shard entries so
-//! a block found by hash can be touched or unlinked without a second map.
+//! adding and evicting are O(1) and a node is 12 bytes: the block's record (its shard and record
+//! number, packed by [`super::OwnershipIndex`]; records never move) and the two links. Slots
+//! are handed to the shard entries so a block found by hash can be touched or unlinked without
+//! a second map.
 
 use super::pages::Pages;
+use super::shard::MAX_SLOT;
 
 const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Node {
-    hash: u64,
+    /// The block's record, as the index packs it.
+    record: u32,
     prev: u32,
     next: u32,
 }
@@ -64,20 +68,40 @@ impl EndpointLru {
         self.len > self.capacity
     }
 
-    /// Adds `hash` as most recently used; returns its slot.
-    pub(crate) fn push_front(&mut self, hash: u64) -> u32 {
+    /// A slot for a block about to be added, not yet in the list: [`Self::link_front`] puts it
+    /// there, [`Self::release`] gives it back.
+    pub(crate) fn reserve(&mut self) -> u32 {
         let node = Node {
-            hash,
+            record: 0,
             prev: NIL,
-            next: self.head,
+            next: NIL,
         };
-        let slot = if self.free != NIL {
+        if self.free != NIL {
             let slot = self.free;
             self.free = self.nodes[slot as usize].next;
             self.nodes[slot as usize] = node;
             slot
         } else {
+            assert!(
+                self.nodes.len() <= MAX_SLOT as usize,
+                "recency slots exhausted"
+            );
             self.nodes.push(node) as u32
+        }
+    }
+
+    /// Gives back a reserved slot that was not linked.
+    pub(crate) fn release(&mut self, slot: u32) {
+        self.nodes[slot as usize].next = self.free;
+        self.free = slot;
+    }
+
+    /// Links reserved `slot`, for block `record`, as most recently used.
+    pub(crate) fn link_front(&mut self, slot: u32, record: u32) {
+        self.nodes[slot as usize] = Node {
+            record,
+            prev: NIL,
+            next: self.head,
         };
         if self.head != NIL {
             self.nodes[self.head as usize].prev = slot;
@@ -87,7 +111,6 @@ impl EndpointLru {
             self.tail = slot;
         }
         self.len += 1;
-        slot
     }
 
     /// Marks `slot` most recently used.
@@ -108,23 +131,22 @@ impl EndpointLru {
         }
     }
 
-    /// Removes `slot`; returns its hash.
-    pub(crate) fn remove(&mut self, slot: u32) -> u64 {
+    /// Removes `slot`; returns its record.
+    pub(crate) fn remove(&mut self, slot: u32) -> u32 {
         self.unlink(slot);
-        let hash = self.nodes[slot as usize].hash;
-        self.nodes[slot as usize].next = self.free;
-        self.free = slot;
+        let record = self.nodes[slot as usize].record;
+        self.release(slot);
         self.len -= 1;
-        hash
+        record
     }
 
-    /// The least recently used slot and its hash.
-    pub(crate) fn lru(&self) -> Option<(u32, u64)> {
-        (self.tail != NIL).then(|| (self.tail, self.nodes[self.tail as usize].hash))
+    /// The least recently used slot and its record.
+    pub(crate) fn lru(&self) -> Option<(u32, u32)> {
+        (self.tail != NIL).then(|| (self.tail, self.nodes[self.tail as usize].record))
     }
 
-    /// Every (slot, hash), most recent first.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+    /// Every (slot, record), most recent first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         let mut at = self.head;
         std::iter::from_fn(move || {
             if at == NIL {
@@ -133,7 +155,7 @@ impl EndpointLru {
             let slot = at;
             let node = self.nodes[slot as usize];
             at = node.next;
-            Some((slot, node.hash))
+            Some((slot, node.record))
         })
     }
 
@@ -169,16 +191,22 @@ impl EndpointLru {
 mod tests {
     use super::*;
 
-    fn order(lru: &EndpointLru) -> Vec<u64> {
-        lru.iter().map(|(_, h)| h).collect()
+    fn order(lru: &EndpointLru) -> Vec<u32> {
+        lru.iter().map(|(_, r)| r).collect()
+    }
+
+    fn push(lru: &mut EndpointLru, record: u32) -> u32 {
+        let slot = lru.reserve();
+        lru.link_front(slot, record);
+        slot
     }
 
     #[test]
     fn recency_order_touch_remove_and_slot_reuse() {
         let mut lru = EndpointLru::new(10);
-        let a = lru.push_front(1);
-        let b = lru.push_front(2);
-        let c = lru.push_front(3);
+        let a = push(&mut lru, 1);
+        let b = push(&mut lru, 2);
+        let c = push(&mut lru, 3);
         assert_eq!(order(&lru), [3, 2, 1]);
         assert_eq!(lru.lru(), Some((a, 1)));
         lru.touch(a);
@@ -187,16 +215,22 @@ mod tests {
         assert_eq!(lru.remove(b), 2);
         assert_eq!(order(&lru), [1, 3]);
         assert_eq!(lru.lru(), Some((c, 3)));
-        let d = lru.push_front(4);
+        let d = push(&mut lru, 4);
         assert_eq!(d, b, "freed slot reused");
         assert_eq!(order(&lru), [4, 1, 3]);
+        // A reserved slot given back is not in the list and is reused next.
+        let e = lru.reserve();
+        lru.release(e);
+        assert_eq!((lru.len(), order(&lru)), (3, vec![4, 1, 3]));
+        assert_eq!(push(&mut lru, 5), e);
+        lru.remove(e);
         lru.remove(c);
         lru.remove(a);
         lru.remove(d);
         assert_eq!(lru.len(), 0);
         assert_eq!(lru.lru(), None);
-        lru.push_front(5);
+        push(&mut lru, 5);
         assert_eq!(order(&lru), [5]);
-        assert_eq!(std::mem::size_of::<Node>(), 16);
+        assert_eq!(std::mem::size_of::<Node>(), 12);
     }
 }

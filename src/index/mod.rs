@@ -34,10 +34,13 @@
 //! predictions made then last until evicted or removed.
 
 mod clock;
+mod holders;
 mod interner;
+mod lookup;
 mod lru;
 mod pages;
 mod shard;
+mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,9 +50,11 @@ use parking_lot::{Mutex, RwLock};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use interner::{EndpointInterner, IdCounts, IdLease};
 pub(crate) use pages::Pages;
+pub(crate) use table::{RecordTable, MAX_RECORDS};
 
+use holders::{Holder, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
 use lru::EndpointLru;
-use shard::{Holder, Shard, MAX_ENDPOINT_ID, MAX_UNTIL_MS};
+use shard::{Full, Shard, Upsert};
 
 use crate::config::CacheIndexConfig;
 
@@ -119,7 +124,8 @@ pub struct IndexOptions {
     pub default_capacity_blocks: usize,
     /// How long a prediction counts unless confirmed. Default 120 s.
     pub prediction_ttl: Duration,
-    /// Shards of the block map (rounded up to a power of two). Default 64.
+    /// Shards of the block map (rounded up to a power of two, at most [`MAX_SHARDS`]). Each
+    /// holds at most 2^24 blocks (fewer past 256 shards: 2^32 / shards). Default 64.
     pub shards: usize,
 }
 
@@ -174,11 +180,18 @@ pub enum IndexError {
     EndpointOutOfRange(EndpointId),
 }
 
+/// Most shards of the block map: a recency node names a block by its shard and record number
+/// in 32 bits.
+pub const MAX_SHARDS: usize = 1 << 10;
+
 /// Block hash -> endpoints, with per-endpoint capacity, LRU eviction and prediction expiry.
 #[derive(Debug)]
 pub struct OwnershipIndex {
     shards: Box<[RwLock<Shard>]>,
     shard_mask: usize,
+    /// Low bits of a recency node's record that number the record in its shard (the high
+    /// ones name the shard).
+    record_bits: u32,
     /// The clock's reading at creation: expiry times are kept relative to it.
     epoch_ms: u64,
     endpoints: RwLock<Vec<Option<Arc<Mutex<EndpointLru>>>>>,
@@ -189,10 +202,14 @@ pub struct OwnershipIndex {
 impl OwnershipIndex {
     /// An empty index.
     pub fn new(options: IndexOptions, clock: Arc<dyn Clock>) -> OwnershipIndex {
-        let n = options.shards.max(1).next_power_of_two();
+        let n = options.shards.clamp(1, MAX_SHARDS).next_power_of_two();
+        let record_bits = (32 - n.trailing_zeros()).min(24);
         OwnershipIndex {
-            shards: (0..n).map(|_| RwLock::new(Shard::default())).collect(),
+            shards: (0..n)
+                .map(|_| RwLock::new(Shard::new(1 << record_bits)))
+                .collect(),
             shard_mask: n - 1,
+            record_bits,
             epoch_ms: clock.now_ms(),
             endpoints: RwLock::new(Vec::new()),
             options,
@@ -214,8 +231,23 @@ impl OwnershipIndex {
     }
 
     fn shard(&self, hash: u64) -> &RwLock<Shard> {
+        &self.shards[self.shard_of(hash)]
+    }
+
+    fn shard_of(&self, hash: u64) -> usize {
         // Block hashes are uniform, so their low bits spread shards evenly.
-        &self.shards[(hash as usize) & self.shard_mask]
+        (hash as usize) & self.shard_mask
+    }
+
+    /// A block's name in recency nodes: its shard and its record there.
+    fn record_name(&self, shard: usize, record: u32) -> u32 {
+        (shard as u32) << self.record_bits | record
+    }
+
+    /// The shard and record of a block named by [`Self::record_name`].
+    fn named(&self, name: u32) -> (&RwLock<Shard>, u32) {
+        let shard = (name >> self.record_bits) as usize;
+        (&self.shards[shard], name & ((1 << self.record_bits) - 1))
     }
 
     fn endpoint(&self, endpoint: EndpointId) -> Option<Arc<Mutex<EndpointLru>>> {
@@ -304,42 +336,45 @@ impl OwnershipIndex {
             // Retired since we looked it up: nothing may be added under an id that is free.
             return;
         }
+        let now = self.now_ms();
         // Last block first: the prefix ends up most recent, so tails are evicted first.
         for &hash in hashes.iter().rev() {
             {
-                let mut shard = self.shard(hash).write();
-                match shard.holder_mut(hash, endpoint) {
-                    Some(h) => {
-                        let was = h.confirmed();
-                        update(h);
-                        lru.confirmed += usize::from(!was && h.confirmed());
-                        lru.touch(h.slot);
+                let s = self.shard_of(hash);
+                let mut shard = self.shards[s].write();
+                let mut reserved = None;
+                let new = || Holder::new(endpoint, *reserved.insert(lru.reserve()));
+                match shard.upsert(hash, endpoint, now, &update, new) {
+                    Ok(Upsert::Updated { was, is }) => {
+                        lru.confirmed += usize::from(!was.confirmed() && is.confirmed());
+                        lru.touch(is.slot);
                     }
-                    None => {
-                        let mut h = Holder::new(endpoint, lru.push_front(hash));
-                        update(&mut h);
-                        lru.confirmed += usize::from(h.confirmed());
-                        shard.add(hash, h);
+                    Ok(Upsert::Added { record, holder }) => {
+                        lru.link_front(holder.slot, self.record_name(s, record));
+                        lru.confirmed += usize::from(holder.confirmed());
+                    }
+                    // The shard holds all the blocks it can name: this one is not kept.
+                    Err(Full) => {
+                        if let Some(slot) = reserved {
+                            lru.release(slot);
+                        }
                     }
                 }
             }
             while lru.over_capacity() {
-                self.evict_lru(endpoint, &mut lru);
+                self.evict_lru(endpoint, &mut lru, now);
             }
         }
     }
 
     /// Drops the endpoint's least recently used block (the caller holds its lock).
-    fn evict_lru(&self, endpoint: EndpointId, lru: &mut EndpointLru) {
-        let Some((slot, hash)) = lru.lru() else {
+    fn evict_lru(&self, endpoint: EndpointId, lru: &mut EndpointLru, now: u64) {
+        let Some((slot, name)) = lru.lru() else {
             return;
         };
         lru.remove(slot);
-        self.remove_holder(endpoint, hash, lru);
-    }
-
-    fn remove_holder(&self, endpoint: EndpointId, hash: u64, lru: &mut EndpointLru) {
-        if let Some(h) = self.shard(hash).write().remove(hash, endpoint) {
+        let (shard, record) = self.named(name);
+        if let Some(h) = shard.write().remove_at(record, endpoint, now) {
             lru.confirmed -= usize::from(h.confirmed());
         }
     }
@@ -355,22 +390,22 @@ impl OwnershipIndex {
         let now = self.now_ms();
         for &hash in hashes {
             let mut shard = self.shard(hash).write();
-            let Some(h) = shard.holder_mut(hash, endpoint) else {
-                continue;
-            };
             let keep = match medium {
                 Some(m) => {
-                    let was = h.confirmed();
-                    h.set_media(h.media() & !m.bit());
-                    lru.confirmed -= usize::from(was && !h.confirmed());
-                    h.live(now)
+                    let strip = |h: &mut Holder| h.set_media(h.media() & !m.bit());
+                    let Some((was, is)) = shard.update(hash, endpoint, now, strip) else {
+                        continue;
+                    };
+                    lru.confirmed -= usize::from(was.confirmed() && !is.confirmed());
+                    is.live(now)
                 }
                 None => false,
             };
             if !keep {
-                let h = shard.remove(hash, endpoint).expect("found above");
-                lru.confirmed -= usize::from(h.confirmed());
-                lru.remove(h.slot);
+                if let Some(h) = shard.remove(hash, endpoint, now) {
+                    lru.confirmed -= usize::from(h.confirmed());
+                    lru.remove(h.slot);
+                }
             }
         }
     }
@@ -382,9 +417,10 @@ impl OwnershipIndex {
             return;
         };
         let mut lru = state.lock();
-        let hashes: Vec<u64> = lru.iter().map(|(_, h)| h).collect();
-        for hash in hashes {
-            self.shard(hash).write().remove(hash, endpoint);
+        let now = self.now_ms();
+        for (_, name) in lru.iter() {
+            let (shard, record) = self.named(name);
+            shard.write().remove_at(record, endpoint, now);
         }
         lru.clear();
     }
@@ -408,8 +444,10 @@ impl OwnershipIndex {
             return;
         };
         let mut lru = state.lock();
-        for (_, hash) in lru.iter() {
-            self.shard(hash).write().remove(hash, endpoint);
+        let now = self.now_ms();
+        for (_, name) in lru.iter() {
+            let (shard, record) = self.named(name);
+            shard.write().remove_at(record, endpoint, now);
         }
         lru.retire();
     }
@@ -423,70 +461,11 @@ impl OwnershipIndex {
             return Ok(());
         }
         lru.capacity = blocks;
+        let now = self.now_ms();
         while lru.over_capacity() {
-            self.evict_lru(endpoint, &mut lru);
+            self.evict_lru(endpoint, &mut lru, now);
         }
         Ok(())
-    }
-
-    /// Per candidate (same order), the longest run of blocks it holds from block 0 of `hashes`.
-    /// Expired predictions do not count. Stops at the first block no candidate extends.
-    pub fn lookup(&self, hashes: &[u64], candidates: &[EndpointId]) -> Vec<PrefixMatch> {
-        let mut out = vec![PrefixMatch::default(); candidates.len()];
-        if candidates.is_empty() || hashes.is_empty() {
-            return out;
-        }
-        // Endpoint id -> first position in `candidates` (ids are small and dense).
-        let max_id = candidates.iter().copied().max().unwrap_or(0) as usize;
-        let mut position = vec![u32::MAX; max_id + 1];
-        for (i, &c) in candidates.iter().enumerate().rev() {
-            position[c as usize] = i as u32;
-        }
-        let now = self.now_ms();
-        for (i, &hash) in hashes.iter().enumerate() {
-            let block = i as u32;
-            let mut extended = false;
-            {
-                let shard = self.shard(hash).read();
-                let Some((first, more)) = shard.holders(hash) else {
-                    break;
-                };
-                let mut visit = |h: &Holder| {
-                    let Some(&p) = position.get(h.endpoint() as usize) else {
-                        return;
-                    };
-                    if p == u32::MAX {
-                        return;
-                    }
-                    let m = &mut out[p as usize];
-                    if m.blocks != block {
-                        return; // stopped at an earlier block
-                    }
-                    let Some(media) = h.state(now) else {
-                        return;
-                    };
-                    let offloaded = media != 0 && media & Medium::Gpu.bit() == 0;
-                    m.blocks += 1;
-                    m.confirmed_blocks += u32::from(media != 0);
-                    m.offloaded_blocks += u32::from(offloaded);
-                    m.cpu_blocks += u32::from(offloaded && media & Medium::Cpu.bit() != 0);
-                    extended = true;
-                };
-                visit(first);
-                more.iter().for_each(visit);
-            }
-            if !extended {
-                break;
-            }
-        }
-        // Repeated candidates get the result of their first occurrence.
-        for i in 0..candidates.len() {
-            let p = position[candidates[i] as usize] as usize;
-            if p != i {
-                out[i] = out[p];
-            }
-        }
-        out
     }
 
     /// Sizes and memory.

@@ -101,7 +101,15 @@ impl EngineState {
 
     /// The signal as of `now`: fresh if scraped at most `staleness` ago.
     pub fn signal(&self, now: Instant, staleness: Duration) -> EngineSignal {
-        match self.last.load_full() {
+        EngineSignal::of(self.last(), now, staleness)
+    }
+}
+
+impl EngineSignal {
+    /// The signal of sample `last` (from [`EngineState::last`]) as of `now`: fresh if scraped
+    /// at most `staleness` ago.
+    pub fn of(last: Option<Arc<EngineSample>>, now: Instant, staleness: Duration) -> EngineSignal {
+        match last {
             None => EngineSignal::Missing,
             Some(s) => {
                 let age = now.saturating_duration_since(s.scraped_at);

@@ -100,6 +100,17 @@ struct State {
 /// (1 MiB: a few blocks; smaller transfers measure setup time, not bandwidth).
 pub const MIN_LOAD_SAMPLE_BYTES: f64 = 1_048_576.0;
 
+/// What was learned, as a decision reads it ([`Learned::for_decision`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForDecision {
+    /// Trusted prefill speed, tokens per second; `None` until `min_samples` were taken.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// TTFT residual, ms (0 when off or not trusted yet).
+    pub ttft_residual_ms: f64,
+    /// Trusted CPU tier load bandwidth, bytes per second; `None` until trusted.
+    pub cpu_load_bytes_per_s: Option<f64>,
+}
+
 /// One endpoint's learned speed and residual. Updated once per response, read per decision.
 #[derive(Debug, Default)]
 pub struct Learned {
@@ -166,6 +177,28 @@ impl Learned {
         s.residual
             .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
             .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+    }
+
+    /// What a decision asks of every candidate (hundreds of them at 256 endpoints), under one
+    /// lock: [`Self::prefill_tokens_per_s`], [`Self::ttft_residual_ms`] and
+    /// [`Self::cpu_load_bytes_per_s`].
+    pub fn for_decision(&self, cfg: &LearningConfig, now: Instant) -> ForDecision {
+        if !cfg.enabled {
+            return ForDecision::default();
+        }
+        let s = self.state.lock();
+        let ttft_residual_ms = if cfg.ttft_residual {
+            s.residual
+                .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
+                .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+        } else {
+            0.0
+        };
+        ForDecision {
+            prefill_tokens_per_s: s.speed.trusted(cfg.min_samples),
+            ttft_residual_ms,
+            cpu_load_bytes_per_s: s.cpu_load.trusted(cfg.min_samples),
+        }
     }
 
     /// Learns the CPU tier's bandwidth from `bytes` loaded in `seconds` of transfers since the
@@ -316,6 +349,48 @@ mod tests {
             ..cfg
         };
         assert_eq!(learned.cpu_load_bytes_per_s(&off), None);
+    }
+
+    /// One lock for a decision reads what the three getters read, in every configuration.
+    #[tokio::test(start_paused = true)]
+    async fn for_decision_reads_what_the_getters_read() {
+        let on = LearningConfig {
+            ttft_residual: true,
+            ..LearningConfig::default()
+        };
+        let learned = Learned::default();
+        let agree = |cfg: &LearningConfig| {
+            let now = Instant::now();
+            let d = learned.for_decision(cfg, now);
+            assert_eq!(
+                d,
+                ForDecision {
+                    prefill_tokens_per_s: learned.prefill_tokens_per_s(cfg),
+                    ttft_residual_ms: learned.ttft_residual_ms(cfg, now),
+                    cpu_load_bytes_per_s: learned.cpu_load_bytes_per_s(cfg),
+                }
+            );
+            d
+        };
+        assert_eq!(agree(&on), ForDecision::default(), "nothing learned yet");
+        for _ in 0..on.min_samples {
+            learned.observe(&ctx(2000, 100.0), 400.0, &on, Instant::now());
+            learned.observe_cpu_load(20e6, 1e-3, &on);
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let d = agree(&on);
+        assert!(d.prefill_tokens_per_s.is_some() && d.cpu_load_bytes_per_s.is_some());
+        assert!(d.ttft_residual_ms > 0.0, "{d:?}");
+        let no_residual = LearningConfig {
+            ttft_residual: false,
+            ..on.clone()
+        };
+        assert_eq!(agree(&no_residual).ttft_residual_ms, 0.0);
+        let off = LearningConfig {
+            enabled: false,
+            ..on
+        };
+        assert_eq!(agree(&off), ForDecision::default());
     }
 
     #[tokio::test(start_paused = true)]

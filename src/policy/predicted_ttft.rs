@@ -45,13 +45,12 @@ impl Policy for PredictedTtft {
 
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
-        let (ttft, cost): (Vec<f64>, Vec<f64>) = candidates
-            .iter()
-            .map(|c| {
-                let p = self.model.predict(request, c);
-                (p.ttft_ms, p.cost_ms)
-            })
-            .unzip();
+        let (mut ttft, mut cost) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for c in candidates {
+            let p = self.model.predict(request, c);
+            ttft.push(p.ttft_ms);
+            cost.push(p.cost_ms);
+        }
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);

@@ -119,31 +119,48 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
     }
 }
 
-/// Whether `ep`'s engine is scraped under `config`, its signal at `now`, and its load when that
-/// signal is fresh.
-pub(super) fn engine_view(
-    ep: &Endpoint,
-    config: &Config,
-    now: tokio::time::Instant,
-) -> (bool, EngineSignal, Option<EngineLoad>) {
+/// `ep`'s engine as a decision sees it at `now`.
+pub(super) struct EngineView {
+    /// Whether its engine is scraped under the config.
+    pub(super) scraped: bool,
+    pub(super) signal: EngineSignal,
+    /// Its load, when the signal is fresh.
+    pub(super) load: Option<EngineLoad>,
+    /// Ms since its last sample, if there is one.
+    pub(super) age_ms: Option<u64>,
+}
+
+/// `ep`'s engine under `config` at `now`, from one load of its last sample (this runs for
+/// every candidate of every decision).
+pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: tokio::time::Instant) -> EngineView {
     let scrape = &config.load.scrape;
     let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-    let signal = ep
-        .load
-        .engine
-        .signal(now, Duration::from_millis(scrape.staleness_ms));
-    let engine = signal.fresh().filter(|_| scraped).map(|s| EngineLoad {
+    let last = ep.load.engine.last();
+    let age_ms = last
+        .as_ref()
+        .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64);
+    let signal = EngineSignal::of(last, now, Duration::from_millis(scrape.staleness_ms));
+    let load = signal.fresh().filter(|_| scraped).map(|s| EngineLoad {
         waiting_requests: s.waiting_requests,
         running_requests: s.running_requests,
         kv_cache_usage: s.kv_cache_usage,
     });
-    (scraped, signal, engine)
+    EngineView {
+        scraped,
+        signal,
+        load,
+        age_ms,
+    }
 }
 
-/// `ep`'s prefill speed (tokens per second) and where it comes from: learned once trusted, else
-/// configured for the endpoint, else the policy's default.
-pub(super) fn prefill_speed(ep: &Endpoint, config: &Config) -> (f64, &'static str) {
-    match ep.load.learned.prefill_tokens_per_s(&config.load.learning) {
+/// `ep`'s prefill speed (tokens per second) and where it comes from: `learned` once trusted,
+/// else configured for the endpoint, else the policy's default.
+pub(super) fn prefill_speed(
+    ep: &Endpoint,
+    config: &Config,
+    learned: Option<f64>,
+) -> (f64, &'static str) {
+    match learned {
         Some(v) => (v, "learned"),
         None => match ep.prefill_tokens_per_s {
             Some(v) => (v, "configured"),
@@ -161,6 +178,7 @@ pub(super) fn load_view(
     config: &Config,
     now: tokio::time::Instant,
 ) -> CandidateView {
+    let learned = ep.load.learned.for_decision(&config.load.learning, now);
     CandidateView {
         address: ep.address,
         weight: ep.weight,
@@ -170,9 +188,9 @@ pub(super) fn load_view(
         confirmed_tokens: 0,
         held_tokens: 0,
         offloaded: Default::default(),
-        prefill_tokens_per_s: prefill_speed(ep, config).0,
-        engine: engine_view(ep, config, now).2,
-        ttft_residual_ms: ep.load.learned.ttft_residual_ms(&config.load.learning, now),
+        prefill_tokens_per_s: prefill_speed(ep, config, learned.prefill_tokens_per_s).0,
+        engine: engine_view(ep, config, now).load,
+        ttft_residual_ms: learned.ttft_residual_ms,
     }
 }
 
@@ -315,8 +333,11 @@ pub(crate) fn plan(
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
-        let (scraped, engine_signal, engine) = engine_view(ep, config, now);
-        let (speed, speed_source) = prefill_speed(ep, config);
+        // One load of the engine sample, one lock of what was learned: this runs for every
+        // candidate.
+        let engine = engine_view(ep, config, now);
+        let learned = ep.load.learned.for_decision(learning, now);
+        let (speed, speed_source) = prefill_speed(ep, config, learned.prefill_tokens_per_s);
         let (cache_source, cache_reason) = match events {
             Some(events) => {
                 let state = events.source_state(ep.id);
@@ -324,18 +345,14 @@ pub(crate) fn plan(
             }
             None => (SourceState::Absent.source(), None),
         };
-        let cpu_learned = ep.load.learned.cpu_load_bytes_per_s(learning);
+        let cpu_learned = learned.cpu_load_bytes_per_s;
         signals.push(CandidateSignals {
-            engine: if scraped {
-                engine_signal.as_str()
+            engine: if engine.scraped {
+                engine.signal.as_str()
             } else {
                 "not-scraped"
             },
-            engine_age_ms: ep
-                .load
-                .engine
-                .last()
-                .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64),
+            engine_age_ms: engine.age_ms,
             prefill_speed: speed_source,
             trial,
             cache_source,
@@ -366,8 +383,8 @@ pub(crate) fn plan(
                 kv_bytes_per_token,
             ),
             prefill_tokens_per_s: speed,
-            engine,
-            ttft_residual_ms: ep.load.learned.ttft_residual_ms(learning, now),
+            engine: engine.load,
+            ttft_residual_ms: learned.ttft_residual_ms,
         });
     }
     let view = RequestView {

@@ -394,3 +394,26 @@ fn removing_blocks_keeps_the_others_findable() {
     assert_eq!(run(98), 0, "engine block 99 went");
     assert_eq!(run(0), 2, "engine block 3 went");
 }
+
+/// Past what the table numbers, a new engine block is not tracked: it and its children map to
+/// nothing, its removal is unknown, and what was tracked before stays exact.
+#[test]
+fn a_full_table_tracks_no_more_blocks_and_keeps_the_others() {
+    let (index, _) = index();
+    let mut t = table(4);
+    t.limit = 3;
+    let tokens: Vec<u32> = (0..20).collect();
+    let a = t.store(&stored(&[1, 2, 3, 4], None, &tokens[..16], 4), EP, &index);
+    assert_eq!((a.mapped, a.unmapped, t.len()), (3, 1, 3));
+    let b = t.store(&stored(&[5], Some(4), &tokens[16..], 4), EP, &index);
+    assert_eq!((b.mapped, b.unmapped), (0, 1));
+    let expected = ours(&plain(), 4, &tokens);
+    assert_eq!(held(&index, &expected).confirmed_blocks, 3);
+    let r = t.remove(&removed(&[4, 5], Medium::Gpu), EP, &index);
+    assert_eq!((r.removed, r.unknown_removed), (0, 2));
+    // Room again: a removal frees a place for the next block.
+    t.remove(&removed(&[3], Medium::Gpu), EP, &index);
+    let c = t.store(&stored(&[3], Some(2), &tokens[8..12], 4), EP, &index);
+    assert_eq!((c.mapped, t.len()), (1, 3));
+    assert_eq!(held(&index, &expected).blocks, 3);
+}

@@ -275,14 +275,22 @@ mod tests {
             max_input_tokens: 32_768,
             ..TraceSpec::default()
         };
-        assert_eq!(input_limit(&s, 500), 32_768, "no context length: the input cap alone");
+        assert_eq!(
+            input_limit(&s, 500),
+            32_768,
+            "no context length: the input cap alone"
+        );
         s.max_context_tokens = Some(32_768);
         assert_eq!(input_limit(&s, 500), 32_768 - 500 - TEMPLATE_TOKENS);
         assert_eq!(input_limit(&s, 0), 32_768 - 1 - TEMPLATE_TOKENS);
         s.max_input_tokens = 8_000;
         assert_eq!(input_limit(&s, 500), 8_000, "the lower of the two");
         s.max_context_tokens = Some(100);
-        assert_eq!(input_limit(&s, 5_000), 1, "an output longer than the context keeps a token");
+        assert_eq!(
+            input_limit(&s, 5_000),
+            1,
+            "an output longer than the context keeps a token"
+        );
     }
 }
 
