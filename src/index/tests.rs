@@ -292,6 +292,26 @@ impl ModelEndpoint {
         }
     }
 
+    /// What `OwnershipIndex::remove` does to the endpoint: each of `hashes` loses medium `m`
+    /// (and goes once it has no medium left and no unexpired prediction), or goes outright
+    /// when `m` is `None`.
+    fn remove(&mut self, hashes: &[u64], m: Option<Medium>, now: u64) {
+        for &hash in hashes {
+            if let Some(i) = self.list.iter().position(|x| x.0 == hash) {
+                let keep = match m {
+                    Some(m) => {
+                        self.list[i].1 &= !m.bit();
+                        self.list[i].1 != 0 || self.list[i].2 > now
+                    }
+                    None => false,
+                };
+                if !keep {
+                    self.list.remove(i);
+                }
+            }
+        }
+    }
+
     /// The media bits of `h` if held at `now` (`Some(0)`: by an unexpired prediction only).
     fn holds(&self, h: u64, now: u64) -> Option<u8> {
         self.list
@@ -334,21 +354,7 @@ proptest! {
                 }
                 Op::Remove(e, h, m) => {
                     idx.remove(e, &h, m);
-                    let list = &mut model[e as usize].list;
-                    for hash in h {
-                        if let Some(i) = list.iter().position(|x| x.0 == hash) {
-                            let keep = match m {
-                                Some(m) => {
-                                    list[i].1 &= !m.bit();
-                                    list[i].1 != 0 || list[i].2 > now
-                                }
-                                None => false,
-                            };
-                            if !keep {
-                                list.remove(i);
-                            }
-                        }
-                    }
+                    model[e as usize].remove(&h, m, now);
                 }
                 Op::Clear(e) => {
                     idx.clear_endpoint(e);

@@ -209,21 +209,7 @@ proptest! {
                 }
                 WideOp::Remove(e, h, m) => {
                     idx.remove(e, &h, m);
-                    let list = &mut model[e as usize].list;
-                    for hash in h {
-                        if let Some(i) = list.iter().position(|x| x.0 == hash) {
-                            let keep = match m {
-                                Some(m) => {
-                                    list[i].1 &= !m.bit();
-                                    list[i].1 != 0 || list[i].2 > now
-                                }
-                                None => false,
-                            };
-                            if !keep {
-                                list.remove(i);
-                            }
-                        }
-                    }
+                    model[e as usize].remove(&h, m, now);
                 }
                 WideOp::Clear(e) => {
                     idx.clear_endpoint(e);
