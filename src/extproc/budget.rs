@@ -44,6 +44,17 @@ impl HeldBody {
         }
         taken.is_ok()
     }
+
+    /// Moves up to `bytes` of `from`'s share into this one (no change to the total); returns
+    /// how many moved. A long message is charged on arrival, before it waits for its lane; the
+    /// body it decodes to then takes over that charge instead of being counted twice.
+    pub fn take_from(&mut self, from: &mut HeldBody, bytes: usize) -> usize {
+        debug_assert!(std::ptr::eq(self.counter, from.counter));
+        let moved = bytes.min(from.bytes);
+        from.bytes -= moved;
+        self.bytes += moved;
+        moved
+    }
 }
 
 impl Drop for HeldBody {
@@ -76,6 +87,33 @@ mod tests {
         assert_eq!(b.bytes, 1000);
         assert!(!b.grow(usize::MAX, usize::MAX), "no overflow");
         drop(b);
+        assert_eq!(COUNTER.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_prepaid_charge_moves_without_counting_twice() {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let held = || HeldBody {
+            counter: &COUNTER,
+            bytes: 0,
+        };
+        let (mut prepaid, mut body) = (held(), held());
+        assert!(prepaid.grow(700, 1000));
+        assert_eq!(body.take_from(&mut prepaid, 500), 500);
+        assert_eq!(COUNTER.load(Ordering::Relaxed), 700, "moved, not added");
+        assert_eq!(
+            body.take_from(&mut prepaid, 500),
+            200,
+            "only what was prepaid"
+        );
+        assert_eq!((body.bytes, prepaid.bytes), (700, 0));
+        drop(prepaid);
+        assert_eq!(
+            COUNTER.load(Ordering::Relaxed),
+            700,
+            "the body still holds it"
+        );
+        drop(body);
         assert_eq!(COUNTER.load(Ordering::Relaxed), 0);
     }
 }

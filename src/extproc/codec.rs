@@ -45,6 +45,14 @@ pub enum Inbound {
 }
 
 impl Inbound {
+    /// Bytes held undecoded: a raw message's encoded length, 0 for a decoded one.
+    pub fn raw_len(&self) -> usize {
+        match self {
+            Inbound::Decoded(_) => 0,
+            Inbound::Raw(chunks) => bytes::Buf::remaining(chunks),
+        }
+    }
+
     /// The message, decoding a raw one in the calling thread.
     pub fn decode(self) -> Result<ProcessingRequest, Status> {
         match self {

@@ -136,10 +136,17 @@ impl Session {
             let msg = match self.inbound.message().await {
                 Ok(Some(Inbound::Decoded(msg))) => Ok(msg),
                 // A long message (a big body): decoded in the heavy lane, so its copy does not
-                // hold an async worker (`codec`).
-                Ok(Some(raw)) => lanes::run(true, move || raw.decode())
-                    .await
-                    .unwrap_or_else(|| Err(Status::unavailable("shutting down"))),
+                // hold an async worker (`codec`). It is charged to the body budget first: under
+                // load it may wait for the lane a while, held all that time.
+                Ok(Some(raw)) => {
+                    if let Err(refused) = self.stream.prepay(raw.raw_len()) {
+                        self.replies.extend(refused);
+                        continue;
+                    }
+                    lanes::run(true, move || raw.decode())
+                        .await
+                        .unwrap_or_else(|| Err(Status::unavailable("shutting down")))
+                }
                 Ok(None) => return None,
                 Err(status) => Err(status),
             };

@@ -202,6 +202,10 @@ pub struct Stream {
     observe_only: bool,
     request_id: String,
     outcome: Outcome,
+    /// A long message's bytes, charged to the body budget when it came off the wire (before it
+    /// waited for the heavy lane to decode it): its body takes the charge over, the rest is
+    /// given back once the message is handled.
+    prepaid: budget::HeldBody,
 }
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
@@ -231,7 +235,26 @@ impl Stream {
             observe_only: false,
             request_id: String::new(),
             outcome: Outcome::Cancelled,
+            prepaid: budget::HeldBody::default(),
         }
+    }
+
+    /// Charges a long message of `bytes` to the process-wide body budget before it is decoded
+    /// (decoding may wait for the heavy lane, and the message is held meanwhile). Err: the
+    /// replies refusing the request (503 + `retry-after`), and the message should be dropped
+    /// undecoded. Only a request still taking its body is charged or refused; a long message in
+    /// any other phase (a response body a picker watches) is not held and passes.
+    pub fn prepay(&mut self, bytes: usize) -> Result<(), Vec<ProcessingResponse>> {
+        let state = match &self.phase {
+            Phase::RequestBody(p) => Arc::clone(&p.state),
+            Phase::Start => self.router.snapshot(),
+            _ => return Ok(()),
+        };
+        let routing = &state.config.routing;
+        if self.prepaid.grow(bytes, routing.max_buffered_body_bytes) {
+            return Ok(());
+        }
+        Err(self.reject(Rejection::bodies_busy(), routing.retry_after_s))
     }
 
     /// How the stream ended (or would end if it ended now).
@@ -274,6 +297,8 @@ impl Stream {
                 vec![envoy::continue_(Slot::ResponseTrailers)]
             }
         };
+        // What a long message's body did not take over (its framing) is given back now.
+        self.prepaid = budget::HeldBody::default();
         if self.observe_only {
             Vec::new()
         } else {
@@ -398,9 +423,11 @@ impl Stream {
             DecisionSpan::start(pending.trace.as_ref(), &self.request_id).rejected(413);
             return self.reject(Rejection::too_large(limit), retry_after);
         }
+        // A long message was charged when it arrived: its body takes that charge over.
+        let prepaid = pending.held.take_from(&mut self.prepaid, b.body.len());
         if !pending
             .held
-            .grow(b.body.len(), routing.max_buffered_body_bytes)
+            .grow(b.body.len() - prepaid, routing.max_buffered_body_bytes)
         {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }

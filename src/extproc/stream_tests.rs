@@ -41,9 +41,13 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with(CONFIG)
+    }
+
+    fn with(config: &str) -> Fixture {
         let metrics = Arc::new(Metrics::new());
         let router = Router::new(
-            Config::parse_and_validate(CONFIG, "test").unwrap(),
+            Config::parse_and_validate(config, "test").unwrap(),
             Arc::clone(&metrics),
             std::path::Path::new("."),
         )
@@ -446,6 +450,36 @@ async fn full_duplex_body_over_the_limit_is_rejected_before_it_ends() {
         .is_empty());
     let r = s.on_message(request_body(&[b' '; 200], false)).await;
     assert_eq!(immediate_status(&r[0]), Some(413));
+}
+
+/// A long message is charged to the body budget as it comes off the wire, before it waits for
+/// the heavy lane: one that cannot fit is refused at once (503 + retry-after), undecoded.
+#[tokio::test]
+async fn a_long_message_past_the_body_budget_is_refused_before_it_is_decoded() {
+    let f = Fixture::with(&CONFIG.replace(
+        "routing: {max_body_bytes: 4096,",
+        "routing: {max_body_bytes: 4096, max_buffered_body_bytes: 8192,",
+    ));
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::FullDuplexStreamed,
+        "/v1/completions",
+        false,
+    ))
+    .await;
+    let refused = s.prepay(9000).expect_err("past the whole budget");
+    assert_eq!(immediate_status(&refused[0]), Some(503));
+    assert!(s.is_finished());
+    assert_eq!(s.outcome(), Outcome::Immediate);
+    // After the pick, a long message is a response body the picker watches, not held: never
+    // charged, never refused.
+    let mut picked = f.stream();
+    let r = picked
+        .on_message(request_headers(BodySendMode::Buffered, "/v1/models", true))
+        .await;
+    assert!(destination(&r[0]).is_some(), "routed");
+    assert!(picked.prepay(usize::MAX).is_ok());
+    assert!(!picked.is_finished());
 }
 
 #[tokio::test]
