@@ -4,12 +4,16 @@
 # messages, no work; what the protocol itself costs), to two simulated replicas whose clock runs
 # 1000x fast (a near-zero-latency backend). Needs `wrk` (Debian: apt-get install wrk) and
 # release binaries (`make release envoy`). Usage: scripts/overhead.sh [seconds] [connections]
+# NO_OBSERVER=1 renders both attached Envoys without the response observer filter (one ext_proc
+# stream per request instead of two), to measure what the observer costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
 CONNS=${2:-8}
 BIN=${BIN:-target/release}
 ENVOY=.venv/bin/envoy
+OBSERVER_FLAG=()
+[ "${NO_OBSERVER:-0}" = 1 ] && OBSERVER_FLAG=(--no-observer)
 DIR=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$DIR"' EXIT
@@ -40,9 +44,9 @@ done
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18320 --admin 127.0.0.1:18321 --without-kvrouter \
   --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/alone.yaml"
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18330 --admin 127.0.0.1:18331 --extproc 127.0.0.1:18310 \
-  --eds "$DIR/eds.json" > "$DIR/with.yaml"
+  --eds "$DIR/eds.json" "${OBSERVER_FLAG[@]}" > "$DIR/with.yaml"
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18340 --admin 127.0.0.1:18341 --extproc 127.0.0.1:18312 \
-  --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/null.yaml"
+  --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 "${OBSERVER_FLAG[@]}" > "$DIR/null.yaml"
 "$ENVOY" -c "$DIR/alone.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 11 > "$DIR/e1.log" 2>&1 & pids+=($!)
 "$ENVOY" -c "$DIR/with.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 12 > "$DIR/e2.log" 2>&1 & pids+=($!)
 "$ENVOY" -c "$DIR/null.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 13 > "$DIR/e3.log" 2>&1 & pids+=($!)
