@@ -566,6 +566,103 @@ async fn request_counts_until_its_response_ends(observe: bool) {
     assert_in_flight_drains(admin).await;
 }
 
+/// Envoy's count of ext_proc streams started by the filter with `stat_prefix`.
+async fn extproc_streams(stack: &Stack, stat_prefix: &str) -> u64 {
+    let stat = format!("ext_proc.{stat_prefix}.streams_started");
+    let text = stack
+        .client
+        .get(format!("http://{}/stats?filter={stat}", stack.envoy.admin))
+        .send()
+        .await
+        .expect("Envoy admin")
+        .text()
+        .await
+        .expect("stats");
+    text.lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| k.ends_with(&stat))
+        .map(|(_, v)| v.trim().parse::<u64>().expect("a counter"))
+        .sum()
+}
+
+/// Only the requests kvrouter marks reach the observer filter: with one mark per endpoint per
+/// hour, the first request opens an observer stream and the next ones open none. An unmarked
+/// request is still counted until its response ends, and its prefill until the first byte the
+/// decision predicted (here long before the 300-token stream ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_marked_requests_open_an_observer_stream() {
+    use futures::StreamExt as _;
+    let stack = Stack::start(StackOptions {
+        replicas: 1,
+        router_extra: "routing: {observe_interval_ms: 3600000}",
+        ..StackOptions::default()
+    })
+    .await;
+    let admin = stack.router.admin;
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                chat_body(MODEL, &format!("q{i}"), false, 2),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_in_flight_drains(admin).await;
+    assert_eq!(
+        extproc_streams(&stack, "kvrouter").await,
+        6,
+        "a picker stream each"
+    );
+    assert_eq!(
+        extproc_streams(&stack, "kvrouter_observe").await,
+        1,
+        "only the interval's first request is watched"
+    );
+
+    // An unmarked streaming request: its prefill is released at the predicted first byte
+    // while it still streams; the request itself only when it ends.
+    let resp = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
+        .header("content-type", "application/json")
+        .body(chat_body(
+            MODEL,
+            &"please give a long answer ".repeat(40),
+            true,
+            300,
+        ))
+        .send()
+        .await
+        .expect("sent");
+    let mut stream = resp.bytes_stream();
+    let mut body = Vec::new();
+    body.extend_from_slice(&stream.next().await.expect("a first chunk").expect("chunk"));
+    // A 300-token answer takes the replica seconds to generate: the request is still in flight
+    // when its prefill is released.
+    eventually(
+        "the unmarked request's prefill released at its predicted first byte, mid-stream",
+        Duration::from_secs(10),
+        || async {
+            let m = router_metrics(admin).await;
+            let prefill = m.sum("kvrouter_endpoint_in_flight_prefill_tokens");
+            let requests = m.sum("kvrouter_endpoint_in_flight_requests");
+            assert_eq!(
+                requests, 1.0,
+                "the stream ended before its prefill was released"
+            );
+            (prefill == 0.0).then_some(())
+        },
+    )
+    .await;
+    while let Some(chunk) = stream.next().await {
+        body.extend_from_slice(&chunk.expect("chunk"));
+    }
+    assert_complete_stream(&String::from_utf8(body).unwrap(), 300);
+    assert_in_flight_drains(admin).await;
+    assert_eq!(extproc_streams(&stack, "kvrouter_observe").await, 1);
+}
+
 #[test]
 fn check_config_reports_ok_and_names_bad_fields() {
     let dir = tempfile::tempdir().unwrap();

@@ -157,30 +157,60 @@ impl Default for EnvoyOptions {
     }
 }
 
-/// The observer filter (see [`EnvoyOptions::observe`]).
+/// The request header kvrouter sets on the requests it wants watched: the observer filter runs
+/// only where it is `1` (Envoy removes a client's copy before any filter runs).
+pub const OBSERVE_HEADER: &str = "x-kvrouter-observe";
+
+/// The observer filter (see [`EnvoyOptions::observe`]), wrapped in a matcher so it runs only on
+/// the requests kvrouter marked with [`OBSERVE_HEADER`] (the picker's reply sets it; its
+/// headers reach this filter only after that reply, in both body modes). An unmarked request
+/// opens no observer stream at all: at 8 concurrent clients on 2 cores the observer's stream
+/// per request cost about a third of Envoy's requests per second (docs/envoy.md).
 const OBSERVER_FILTER: &str = "\
 \x20         # The observer: sees the response's headers and first body bytes without ever
 \x20         # holding them up, so kvrouter learns the status, the endpoint that served and the
 \x20         # time to first byte. kvrouter closes the stream at the first byte: the rest of
-\x20         # the body is not sent.
+\x20         # the body is not sent. It runs only on the requests kvrouter marks with
+\x20         # x-kvrouter-observe: 1 (a sample; the others open no stream).
 \x20         - name: kvrouter_observe
 \x20           typed_config:
-\x20             \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-\x20             grpc_service:
-\x20               envoy_grpc: {cluster_name: kvrouter_observe}
-\x20             stat_prefix: kvrouter_observe
-\x20             failure_mode_allow: true
-\x20             observability_mode: true
-\x20             deferred_close_timeout: 1s
-\x20             processing_mode:
-\x20               request_header_mode: SKIP
-\x20               request_body_mode: NONE
-\x20               response_header_mode: SEND
-\x20               response_body_mode: STREAMED
-\x20               response_trailer_mode: SKIP
-\x20             response_attributes: [\"upstream.address\", \"upstream.request_attempt_count\"]
-\x20             metadata_options:
-\x20               forwarding_namespaces: {untyped: [\"kvrouter\", \"envoy.lb\"]}
+\x20             \"@type\": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+\x20             xds_matcher:
+\x20               matcher_list:
+\x20                 matchers:
+\x20                 - predicate:
+\x20                     not_matcher:
+\x20                       single_predicate:
+\x20                         input:
+\x20                           name: observe
+\x20                           typed_config:
+\x20                             \"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+\x20                             header_name: x-kvrouter-observe
+\x20                         value_match: {exact: \"1\"}
+\x20                   on_match:
+\x20                     action:
+\x20                       name: skip
+\x20                       typed_config:
+\x20                         \"@type\": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+\x20             extension_config:
+\x20               name: kvrouter_observe
+\x20               typed_config:
+\x20                 \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+\x20                 grpc_service:
+\x20                   envoy_grpc: {cluster_name: kvrouter_observe}
+\x20                 stat_prefix: kvrouter_observe
+\x20                 failure_mode_allow: true
+\x20                 observability_mode: true
+\x20                 deferred_close_timeout: 1s
+\x20                 processing_mode:
+\x20                   request_header_mode: SKIP
+\x20                   request_body_mode: NONE
+\x20                   response_header_mode: SEND
+\x20                   response_body_mode: STREAMED
+\x20                   response_trailer_mode: SKIP
+\x20                 response_attributes: [\"upstream.address\", \"upstream.request_attempt_count\"]
+\x20                 metadata_options:
+\x20                   forwarding_namespaces: {untyped: [\"kvrouter\", \"envoy.lb\"]}
 ";
 
 /// The name of the replica cluster (also the EDS cluster name kvrouter writes).
@@ -271,7 +301,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20           typed_config:\n\
          \x20             \"@type\": type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation\n\
          \x20             mutations:\n\
-         \x20             - remove: {header}\n{strip_tenant}\
+         \x20             - remove: {header}\n{strip_observe}{strip_tenant}\
          \x20         http2_protocol_options:\n\
          \x20           initial_stream_window_size: 65536\n\
          \x20           initial_connection_window_size: 1048576\n\
@@ -281,6 +311,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20           response_headers_to_add:\n\
          \x20           - header: {{key: x-kvrouter-upstream, value: \"%UPSTREAM_HOST%\"}}\n\
          \x20             append_action: OVERWRITE_IF_EXISTS_OR_ADD\n\
+         {unobserve}\
          \x20           virtual_hosts:\n\
          \x20           - name: llm\n\
          \x20             domains: [\"*\"]\n\
@@ -293,6 +324,22 @@ pub fn render(o: &EnvoyOptions) -> String {
         admin = socket(&o.admin),
         listen = socket(&o.listen),
         max_body = o.max_body_bytes,
+        unobserve = if o.attach && o.observe {
+            format!(
+                "\x20           # kvrouter's mark for the observer is not the engine's business.\n\
+                 \x20           request_headers_to_remove: [{OBSERVE_HEADER}]\n"
+            )
+        } else {
+            String::new()
+        },
+        strip_observe = if o.attach && o.observe {
+            format!(
+                "\x20             # Only kvrouter asks for a request to be watched.\n\
+                 \x20             - remove: {OBSERVE_HEADER}\n"
+            )
+        } else {
+            String::new()
+        },
         strip_tenant = match &o.tenant_header {
             Some(t) => format!(
                 "\x20             # The tenant kvrouter trusts: never the client's, only Envoy's own.\n\

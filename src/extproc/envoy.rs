@@ -112,15 +112,34 @@ pub fn route(slot: Slot, header: &str, destination: &str, pick: u64) -> Processi
     }
 }
 
+/// Marks the request of a `route` reply for Envoy's observer filter (it runs only on requests
+/// carrying [`crate::envoyconf::OBSERVE_HEADER`]).
+pub fn watch(reply: &mut ProcessingResponse) {
+    if let Some(common) = common_mut(reply) {
+        common
+            .header_mutation
+            .get_or_insert_with(Default::default)
+            .set_headers
+            .push(header_option(crate::envoyconf::OBSERVE_HEADER, "1"));
+    }
+}
+
+/// The common part of a request headers or body reply.
+fn common_mut(reply: &mut ProcessingResponse) -> Option<&mut CommonResponse> {
+    use processing_response::Response as R;
+    match &mut reply.response {
+        Some(R::RequestHeaders(h)) => Some(h.response.get_or_insert_with(Default::default)),
+        Some(R::RequestBody(b)) => Some(b.response.get_or_insert_with(Default::default)),
+        _ => None,
+    }
+}
+
 /// Tells Envoy the request body of a `route` reply changed to `len` bytes: sets
 /// `content-length`, and in `BUFFERED` mode (`body` given) replaces the body itself. In
 /// full-duplex mode the new bytes go out as the echoed chunks instead.
 pub fn body_changed(reply: &mut ProcessingResponse, len: usize, body: Option<Vec<u8>>) {
-    use processing_response::Response as R;
-    let common = match &mut reply.response {
-        Some(R::RequestHeaders(h)) => h.response.get_or_insert_with(Default::default),
-        Some(R::RequestBody(b)) => b.response.get_or_insert_with(Default::default),
-        _ => return,
+    let Some(common) = common_mut(reply) else {
+        return;
     };
     common
         .header_mutation

@@ -17,12 +17,19 @@
 //! - the observer is done ([`InflightTable::observer_done`]: first byte seen, response ended, or
 //!   its stream gone): released if the picker has ended, else it waits for the picker.
 //!
+//! Not every request is watched: kvrouter asks the observer for a sample of them (see
+//! `routing.observe_interval_ms`), since the observer's stream per request costs Envoy about as
+//! much as the picker's. An unwatched entry is released when its picker's stream ends, and its
+//! first byte is taken to come at the time the decision predicted ([`InflightTable::schedule`],
+//! [`InflightTable::take_due`]): a clock task hands each due id back to the router.
+//!
 //! The sweeper releases tickets whose grace ran out and anything older than the request time
 //! limit, so no count can leak. The table does not look inside what it parks: it only keeps,
 //! lends, hands over and drops (dropping happens outside its locks: a ticket's drop does
 //! accounting of its own).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -44,6 +51,8 @@ struct Parked<T> {
     picker_ended_at: Option<Instant>,
     /// The observer has seen what it watches for (or its stream is gone).
     observed: bool,
+    /// The request was marked for the observer (else no observer stream comes for it).
+    watched: bool,
 }
 
 /// The hand-off table of parked `T`s (the router's tickets), by pick id.
@@ -54,6 +63,11 @@ pub struct InflightTable<T> {
     /// Milliseconds since `epoch` when an observer stream last reported (0: never).
     observer_seen_ms: AtomicU64,
     epoch: Instant,
+    /// Unwatched entries' predicted first bytes, earliest first.
+    due: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
+    /// Woken when an entry is scheduled before every other (the clock sleeps until the
+    /// earliest).
+    earlier: tokio::sync::Notify,
 }
 
 impl<T> Default for InflightTable<T> {
@@ -68,6 +82,8 @@ impl<T> Default for InflightTable<T> {
             next_id: AtomicU64::new(seed),
             observer_seen_ms: AtomicU64::new(0),
             epoch: Instant::now(),
+            due: Mutex::new(BinaryHeap::new()),
+            earlier: tokio::sync::Notify::new(),
         }
     }
 }
@@ -82,15 +98,59 @@ impl<T> InflightTable<T> {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Parks `value` under `id`.
-    pub fn insert(&self, id: u64, value: T) {
+    /// Parks `value` under `id`; `watched`: an observer stream is to report on it.
+    pub fn insert(&self, id: u64, value: T, watched: bool) {
         let parked = Parked {
             value,
             parked_at: Instant::now(),
             picker_ended_at: None,
             observed: false,
+            watched,
         };
         self.shard(id).lock().insert(id, parked);
+    }
+
+    /// Schedules `id`'s predicted first byte at `at` (an unwatched request: no observer will
+    /// report the real one); [`Self::take_due`] returns it from then on.
+    pub fn schedule(&self, id: u64, at: Instant) {
+        let mut due = self.due.lock();
+        let earliest = due.peek().is_none_or(|Reverse((first, _))| at < *first);
+        due.push(Reverse((at, id)));
+        drop(due);
+        if earliest {
+            self.earlier.notify_one();
+        }
+    }
+
+    /// Ids whose predicted first byte is due by `now`, in order; removed from the schedule.
+    pub fn take_due(&self, now: Instant) -> Vec<u64> {
+        let mut due = self.due.lock();
+        let mut ids = Vec::new();
+        while let Some(Reverse((at, id))) = due.peek().copied() {
+            if at > now {
+                break;
+            }
+            due.pop();
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// When the next scheduled first byte is due, if any.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.due.lock().peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Resolves when an entry was scheduled before every other one (or at once if that
+    /// happened since the last call).
+    pub async fn scheduled_earlier(&self) {
+        self.earlier.notified().await
+    }
+
+    /// Runs `f` on the entry for `id` in place, for the router's own clock (not an observer);
+    /// `None` if it is gone. `f` runs under a shard lock: keep it short.
+    pub fn with<R>(&self, id: u64, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        self.shard(id).lock().get_mut(&id).map(|p| f(&mut p.value))
     }
 
     /// Removes and returns the entry for `id`, whoever else still expects it (a picker that
@@ -120,13 +180,13 @@ impl<T> InflightTable<T> {
     }
 
     /// The picker's stream of `id` ended (the HTTP request is over): returns the entry for the
-    /// caller to drop if the observer is done or none is in use; otherwise it waits for the
-    /// observer for at most [`OBSERVER_GRACE`].
+    /// caller to drop if the observer is done, none is in use or none was asked for; otherwise
+    /// it waits for the observer for at most [`OBSERVER_GRACE`].
     pub fn picker_ended(&self, id: u64) -> Option<T> {
         let observers = self.observers_active();
         let mut shard = self.shard(id).lock();
         let parked = shard.get_mut(&id)?;
-        if parked.observed || !observers {
+        if parked.observed || !observers || !parked.watched {
             return shard.remove(&id).map(|p| p.value);
         }
         parked.picker_ended_at = Some(Instant::now());
@@ -210,8 +270,8 @@ mod tests {
         let table = InflightTable::default();
         let (a, b) = (table.next_id(), table.next_id());
         assert_ne!(a, b);
-        table.insert(a, parked(&live));
-        table.insert(b, parked(&live));
+        table.insert(a, parked(&live), true);
+        table.insert(b, parked(&live), true);
         assert_eq!(in_flight(), 2);
         // No observer seen yet: the picker's end releases at once.
         assert!(!table.observers_active());
@@ -226,7 +286,7 @@ mod tests {
         assert_eq!(in_flight(), 0);
         // Picker first (a short response overtaken by the picker's end): the observer releases.
         let c = table.next_id();
-        table.insert(c, parked(&live));
+        table.insert(c, parked(&live), true);
         assert!(table.picker_ended(c).is_none(), "waits for the observer");
         assert_eq!(
             table.update(c, |_| ()),
@@ -239,14 +299,73 @@ mod tests {
     }
 
     #[test]
+    fn an_unwatched_entry_goes_with_its_picker_even_while_observers_are_in_use() {
+        let live = Arc::new(());
+        let in_flight = || Arc::strong_count(&live) - 1;
+        let table = InflightTable::default();
+        table.update(0, |_| ()); // observers in use
+        let (watched, unwatched) = (table.next_id(), table.next_id());
+        table.insert(watched, parked(&live), true);
+        table.insert(unwatched, parked(&live), false);
+        assert!(
+            table.picker_ended(watched).is_none(),
+            "waits for its observer"
+        );
+        drop(table.picker_ended(unwatched));
+        assert_eq!(
+            in_flight(),
+            1,
+            "no observer was asked for: released at once"
+        );
+        drop(table.observer_done(watched));
+        assert_eq!(in_flight(), 0);
+    }
+
+    #[test]
+    fn predicted_first_bytes_come_due_in_time_order() {
+        let table: InflightTable<()> = InflightTable::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        table.schedule(3, t0 + ms(30));
+        table.schedule(1, t0 + ms(10));
+        table.schedule(2, t0 + ms(20));
+        assert_eq!(table.next_due(), Some(t0 + ms(10)));
+        assert!(table.take_due(t0).is_empty(), "nothing due yet");
+        assert_eq!(table.take_due(t0 + ms(20)), vec![1, 2]);
+        assert_eq!(table.next_due(), Some(t0 + ms(30)));
+        assert_eq!(table.take_due(t0 + ms(60)), vec![3]);
+        assert_eq!(table.next_due(), None);
+        // Due for an id no longer parked: nothing to apply.
+        assert_eq!(table.with(3, |_| ()), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scheduling_the_earliest_wakes_the_clock() {
+        let table: InflightTable<()> = InflightTable::default();
+        let t0 = Instant::now();
+        table.schedule(1, t0 + Duration::from_secs(10));
+        // The wake-up is kept for the next wait (Notify's permit), so no race with the clock.
+        tokio::time::timeout(Duration::from_secs(5), table.scheduled_earlier())
+            .await
+            .expect("the first entry is the earliest");
+        table.schedule(2, t0 + Duration::from_secs(20));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), table.scheduled_earlier())
+                .await
+                .is_err(),
+            "a later entry does not wake it"
+        );
+    }
+
+    #[test]
     fn sweep_releases_after_the_grace_or_the_age_limit() {
         let live = Arc::new(());
         let in_flight = || Arc::strong_count(&live) - 1;
         let table = InflightTable::default();
         table.update(0, |_| ()); // observers in use
         let (a, b) = (table.next_id(), table.next_id());
-        table.insert(a, parked(&live));
-        table.insert(b, parked(&live));
+        table.insert(a, parked(&live), true);
+        table.insert(b, parked(&live), true);
         assert!(table.picker_ended(a).is_none());
         let hour = Duration::from_secs(3600);
         assert_eq!(table.sweep(hour, hour), 0);

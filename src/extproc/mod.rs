@@ -60,10 +60,11 @@ impl ExtProc {
 
     /// Drops, every 250 ms, parked tickets older than `max_age` (a response never seen to its
     /// end) and those whose picker stream ended more than [`inflight::OBSERVER_GRACE`] ago
-    /// without the observer's report (a request that never got a response), until aborted.
+    /// without the observer's report (a request that never got a response); and hands each
+    /// unwatched ticket its predicted first byte when it is due. Until aborted.
     pub fn spawn_sweeper(&self, max_age: Duration) -> tokio::task::JoinHandle<()> {
         let table = Arc::clone(&self.table);
-        tokio::spawn(async move {
+        let sweep = async move {
             let mut tick = tokio::time::interval(SWEEP_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -76,6 +77,10 @@ impl ExtProc {
                     );
                 }
             }
+        };
+        let clock = first_byte_clock(Arc::clone(&self.table));
+        tokio::spawn(async move {
+            tokio::join!(sweep, clock);
         })
     }
 
@@ -105,6 +110,26 @@ impl ExtProc {
         };
         self.metrics.stream_opened();
         Response::new(Box::pin(futures::stream::unfold(session, Session::next)))
+    }
+}
+
+/// Applies unwatched tickets' predicted first bytes as they come due
+/// ([`Ticket::on_first_byte_due`]), sleeping until the earliest; never returns.
+async fn first_byte_clock(table: Arc<InflightTable<Ticket>>) {
+    loop {
+        match table.next_due() {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                    _ = table.scheduled_earlier() => {}
+                }
+            }
+            None => table.scheduled_earlier().await,
+        }
+        for id in table.take_due(std::time::Instant::now()) {
+            // Gone already (the request ended first): its guard released everything.
+            table.with(id, Ticket::on_first_byte_due);
+        }
     }
 }
 

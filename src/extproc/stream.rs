@@ -533,6 +533,10 @@ impl Stream {
                 let id = self.table.next_id();
                 let header = &pending.state.config.routing.destination_header;
                 let mut reply = envoy::route(slot, header, &decision.destination, id);
+                let watched = decision.ticket.watched();
+                if watched {
+                    envoy::watch(&mut reply);
+                }
                 if salted {
                     // BUFFERED: nothing is echoed afterwards, the body moves into the reply
                     // (one chunk, always, in BUFFERED: moved, not copied).
@@ -561,7 +565,11 @@ impl Stream {
                     // predicted on the pick once the reply is on its way.
                     tokio::spawn(lanes::run(false, move || rest.finish()));
                 }
-                self.table.insert(id, decision.ticket);
+                if !watched {
+                    // No observer will report its first byte: take it at the predicted time.
+                    self.table.schedule(id, decision.ticket.first_byte_due());
+                }
+                self.table.insert(id, decision.ticket, watched);
                 self.phase = Phase::Picked { id: Some(id) };
             }
             Ok(None) => {

@@ -20,8 +20,10 @@ use crate::discovery::EndpointSet;
 use crate::router::{AdminView, Router, Ticket};
 use crate::telemetry::Metrics;
 
+/// Every request is marked for the observer (these tests play an observer for each), except
+/// where a test says otherwise.
 const CONFIG: &str = r#"
-routing: {max_body_bytes: 4096, fallback_endpoints: 1}
+routing: {max_body_bytes: 4096, fallback_endpoints: 1, observe_interval_ms: 0}
 load: {learning: {ttft_residual: true}}
 pools:
   - name: p
@@ -251,6 +253,66 @@ async fn buffered_routes_in_the_body_response() {
         0,
         "no observer seen yet: the picker releases at its end"
     );
+}
+
+/// Whether a routing reply marks its request for the observer filter.
+fn marks_for_observer(r: &ProcessingResponse) -> bool {
+    let common = match r.response.as_ref() {
+        Some(Response::RequestHeaders(h)) => h.response.as_ref(),
+        Some(Response::RequestBody(b)) => b.response.as_ref(),
+        _ => None,
+    };
+    common
+        .and_then(|c| c.header_mutation.as_ref())
+        .is_some_and(|m| {
+            m.set_headers.iter().any(|h| {
+                h.header.as_ref().is_some_and(|h| {
+                    h.key == crate::envoyconf::OBSERVE_HEADER && h.raw_value == b"1"
+                })
+            })
+        })
+}
+
+/// With observers in use, a request marked for the observer keeps its ticket for it after the
+/// picker's end; an unmarked one is released at its picker's end, and its predicted first
+/// byte is scheduled instead.
+#[tokio::test]
+async fn only_marked_requests_wait_for_an_observer() {
+    let f =
+        Fixture::with(&CONFIG.replace("observe_interval_ms: 0", "observe_interval_ms: 3600000"));
+    f.observers_in_use();
+    let route = || async {
+        let mut s = f.stream();
+        s.on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+        let r = s.on_message(request_body(CHAT.as_bytes(), true)).await;
+        let (dest, pick) = destination(&r[0]).expect("routed");
+        (s, dest, pick, marks_for_observer(&r[0]))
+    };
+    // Each endpoint's first request in the interval is marked.
+    let (first, dest_a, pick_a, marked_a) = route().await;
+    let (second, dest_b, _, marked_b) = route().await;
+    assert_ne!(dest_a[..14], dest_b[..14], "least-loaded spreads them");
+    assert!(marked_a && marked_b);
+    assert!(
+        f.table.next_due().is_none(),
+        "nothing to predict for marked requests"
+    );
+    let (third, _, pick_c, marked_c) = route().await;
+    assert!(!marked_c, "the interval's second request at its endpoint");
+    assert!(f.table.next_due().is_some(), "its first byte is scheduled");
+    assert_eq!(f.in_flight(), 3);
+    drop(third);
+    assert_eq!(f.in_flight(), 2, "released at its picker's end");
+    assert!(f.table.with(pick_c, |_| ()).is_none());
+    drop(first);
+    assert_eq!(f.in_flight(), 2, "kept for its observer");
+    assert!(f.table.with(pick_a, |_| ()).is_some());
+    drop(second);
 }
 
 #[tokio::test]
@@ -657,8 +719,8 @@ async fn a_reload_mid_request_applies_from_the_next_request_on() {
     // The config changes while the body is on its way: a smaller body limit and another
     // destination header.
     let reloaded = CONFIG.replace(
-        "routing: {max_body_bytes: 4096, fallback_endpoints: 1}",
-        "routing: {max_body_bytes: 16, fallback_endpoints: 0, destination_header: x-other}",
+        "routing: {max_body_bytes: 4096, fallback_endpoints: 1,",
+        "routing: {max_body_bytes: 16, fallback_endpoints: 0, destination_header: x-other,",
     );
     f.router
         .apply(Config::parse_and_validate(&reloaded, "test").unwrap())

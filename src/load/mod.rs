@@ -18,7 +18,8 @@ pub mod learned;
 pub mod scrape;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 pub use engine::{EngineSample, EngineSignal, EngineState, LoraInfo};
 pub use learned::{ForDecision, Learned, LearnedSnapshot, TtftContext};
@@ -38,6 +39,14 @@ pub struct EndpointLoad {
     pub engine: EngineState,
     /// Speed and TTFT residual learned from responses.
     pub learned: Learned,
+    /// When a request here was last marked for the observer, ns since [`epoch`] (0: never).
+    watched_at_ns: AtomicU64,
+}
+
+/// The process's reference instant for the load counters' timestamps.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
 /// A consistent-enough copy of an endpoint's load. Each field is read atomically; the pair may be
@@ -70,6 +79,23 @@ impl EndpointLoad {
             requests_total: self.requests_total.load(Ordering::Relaxed),
             typical_prefill_tokens: self.typical_prefill_tokens.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether a request decided at `now` is the one to watch to its first byte: the first
+    /// since `interval` passed since the last one watched here (always with a zero
+    /// interval). Two racing callers cannot both win the same interval.
+    pub fn claim_watch(&self, now: Instant, interval: Duration) -> bool {
+        if interval.is_zero() {
+            return true;
+        }
+        let now_ns = (now.saturating_duration_since(epoch()).as_nanos() as u64).max(1);
+        let last = self.watched_at_ns.load(Ordering::Relaxed);
+        if last != 0 && now_ns.saturating_sub(last) < interval.as_nanos() as u64 {
+            return false;
+        }
+        self.watched_at_ns
+            .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Counts a request of `prompt_tokens` as in flight until the returned guard is dropped.
@@ -140,6 +166,26 @@ impl Drop for InflightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_watched_request_per_interval() {
+        let load = EndpointLoad::default();
+        let t0 = epoch() + Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        let interval = ms(20);
+        assert!(load.claim_watch(t0, interval), "the first is watched");
+        assert!(!load.claim_watch(t0 + ms(5), interval));
+        assert!(!load.claim_watch(t0 + ms(19), interval));
+        assert!(load.claim_watch(t0 + ms(20), interval), "a new interval");
+        assert!(!load.claim_watch(t0 + ms(21), interval));
+        // An earlier instant than the last claim (a decision timed before a racing one) is
+        // not a new interval either.
+        assert!(!load.claim_watch(t0 + ms(10), interval));
+        assert!(
+            load.claim_watch(t0 + ms(21), Duration::ZERO),
+            "0: every request"
+        );
+    }
 
     #[test]
     fn guard_releases_exactly_once() {

@@ -77,6 +77,66 @@ fn config(r: &Router) -> Arc<Config> {
     Arc::clone(&r.snapshot().config)
 }
 
+/// One request per endpoint and interval is marked for the observer; the others take their
+/// first byte at the predicted time, which frees the prefill they queued but not the request.
+#[test]
+fn one_request_per_interval_is_watched_and_the_rest_free_their_prefill_when_due() {
+    let r = router(&CONFIG.replace(
+        "routing: {fallback_endpoints: 1}",
+        "routing: {fallback_endpoints: 1, observe_interval_ms: 3600000}",
+    ));
+    let body = chat_with("m", &"a question of some length ".repeat(20));
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    let only = [addr(8001)];
+    let ctx = RouteContext {
+        subset: Some(&only),
+        ..NONE
+    };
+    let mut held: Vec<Decision> = (0..3).map(|_| decide_now(&r, &req, ctx).unwrap()).collect();
+    let watched: Vec<bool> = held.iter().map(|d| d.ticket.watched()).collect();
+    assert_eq!(watched, [true, false, false], "one per interval");
+    for d in &held {
+        assert!(
+            d.ticket.first_byte_due() > d.ticket.decided_at(),
+            "a positive TTFT"
+        );
+    }
+    let ep = endpoints(&r).get(&addr(8001)).cloned().unwrap();
+    let before = ep.load.snapshot();
+    assert_eq!(before.in_flight_prefilling, 3);
+    let uncached = held[1].plan.uncached_tokens();
+    assert!(uncached > 0);
+    held[1].ticket.on_first_byte_due();
+    held[1].ticket.on_first_byte_due(); // idempotent
+    let after = ep.load.snapshot();
+    assert_eq!(after.in_flight_prefilling, 2);
+    assert_eq!(
+        after.in_flight_prefill_tokens,
+        before.in_flight_prefill_tokens - uncached
+    );
+    assert_eq!(after.in_flight_requests, 3, "still running: decoding");
+    drop(held);
+    assert_eq!(ep.load.snapshot().in_flight_requests, 0);
+
+    // Another endpoint has an interval of its own; 0 watches every request.
+    let other = [addr(8002)];
+    let d = decide_now(
+        &r,
+        &req,
+        RouteContext {
+            subset: Some(&other),
+            ..NONE
+        },
+    )
+    .unwrap();
+    assert!(d.ticket.watched());
+    let every = router(&CONFIG.replace(
+        "routing: {fallback_endpoints: 1}",
+        "routing: {fallback_endpoints: 1, observe_interval_ms: 0}",
+    ));
+    assert!((0..3).all(|_| decide_now(&every, &req, ctx).unwrap().ticket.watched()));
+}
+
 #[test]
 fn routes_only_to_endpoints_serving_the_model() {
     let r = router(CONFIG);
@@ -660,6 +720,11 @@ pools:
         for _ in 0..2 {
             let d = decide_now(&r, &req, ctx).unwrap();
             assert!(d.ticket.trial.is_some());
+            // The second comes within the first's watch interval: watched for being a trial.
+            assert!(
+                d.ticket.watched(),
+                "its outcome closes or reopens the breaker"
+            );
             r.tables.record_outcome(&ep, true, &config(&r).health);
         }
         let held = picks(6);

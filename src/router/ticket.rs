@@ -128,6 +128,12 @@ pub struct Ticket {
     pub(super) ttft: Option<TtftContext>,
     /// The pick's half-open trial slot, returned once its outcome is known.
     pub(super) trial: Option<TrialPermit>,
+    /// Marked for Envoy's observer (`routing.observe_interval_ms`): its response's facts and
+    /// first byte will be reported. Otherwise nothing will, and its first byte is taken to
+    /// come at `first_byte_due`.
+    watched: bool,
+    /// When the cost model expected the pick's first byte.
+    first_byte_due: Instant,
 }
 
 impl Ticket {
@@ -140,6 +146,26 @@ impl Ticket {
     /// When the decision was committed.
     pub fn decided_at(&self) -> Instant {
         self.decided_at
+    }
+
+    /// Whether the request is to be watched by Envoy's observer filter (the reply marks it);
+    /// an unwatched one gets no response facts and no first byte reported.
+    pub fn watched(&self) -> bool {
+        self.watched
+    }
+
+    /// When the decision expected the first byte (decision time plus the pick's predicted
+    /// TTFT): for an unwatched request, when to call [`Self::on_first_byte_due`].
+    pub fn first_byte_due(&self) -> Instant {
+        self.first_byte_due
+    }
+
+    /// An unwatched request's predicted first byte came: its prefill is taken as done (the
+    /// endpoint's queue shrinks as it would have), without learning anything from the
+    /// prediction itself. Idempotent; a no-op after a real first byte.
+    pub fn on_first_byte_due(&mut self) {
+        self.guard.prefill_done();
+        self.tables.room_freed.notify_one();
     }
 
     /// The response's headers arrived: records the outcome in the serving endpoint's breaker
@@ -239,19 +265,28 @@ pub(super) fn commit(
         None
     };
     let uncached_tokens = plan.uncached_tokens();
-    let ttft = {
+    let decided_at = Instant::now();
+    // Watched by the observer: every trial (its outcome closes or reopens the breaker), else
+    // one per interval per endpoint (under the interval's rate, every request).
+    let watched = trial.is_some()
+        || primary.load.claim_watch(
+            decided_at,
+            std::time::Duration::from_millis(state.config.routing.observe_interval_ms),
+        );
+    let (ttft, predicted_ttft_ms) = {
         let c = &plan.candidates[pick];
         let p = state.cost.predict(&plan.request, c);
-        TtftContext {
+        let ctx = TtftContext {
             work_tokens: c.load.in_flight_prefill_tokens + uncached_tokens,
             // The load from a slower tier is not prefill: keep it out of the speed sample.
             fixed_ms: state.cost.fixed_ms(c) + p.load_ms,
             predicted_ms: p.ttft_ms - p.residual_ms,
             engine_waiting: c.engine.map(|e| e.waiting_requests),
             tier_load: p.load_ms > 0.0,
-        }
+        };
+        (ctx, p.ttft_ms)
     };
-    tables.arrivals.record(&plan.model, Instant::now());
+    tables.arrivals.record(&plan.model, decided_at);
     let guard = primary.load.begin(uncached_tokens);
     let confirmed_blocks = plan.matches[pick].confirmed_blocks;
     record_blocks(
@@ -299,15 +334,28 @@ pub(super) fn commit(
         destinations: plan.endpoints.clone(),
         guard,
         uncached_tokens,
-        decided_at: Instant::now(),
+        decided_at,
         ttft: Some(ttft),
         trial,
+        watched,
+        first_byte_due: decided_at + first_byte_in(predicted_ttft_ms),
     };
     Decision {
         plan,
         destination,
         ticket,
         rest,
+    }
+}
+
+/// How long after the decision an unwatched request's first byte is taken to come: the
+/// predicted TTFT, within [0, 1 h] (a prediction is finite and positive, but a request's end
+/// releases its prefill anyway).
+fn first_byte_in(predicted_ttft_ms: f64) -> std::time::Duration {
+    if predicted_ttft_ms.is_finite() && predicted_ttft_ms > 0.0 {
+        std::time::Duration::from_secs_f64(predicted_ttft_ms.min(3.6e6) / 1e3)
+    } else {
+        std::time::Duration::ZERO
     }
 }
 

@@ -3,7 +3,9 @@
 //! It speaks exactly the protocol shape kvrouter does with the shipped Envoy configs (picker:
 //! CONTINUE to the request headers, the destination header and `envoy.lb` metadata in the reply
 //! to the buffered body; observer: silent, and done at the first response body chunk), and does
-//! nothing else: no parsing, no decision (destinations in turn). What Envoy + this costs over
+//! nothing else: no parsing, no decision (destinations in turn); it marks requests for the
+//! observer as kvrouter does by default (one per destination per `routing.observe_interval_ms`),
+//! so the observer streams Envoy opens are the same in number. What Envoy + this costs over
 //! Envoy alone is what the ext_proc protocol itself costs on the machine (Envoy's gRPC client and
 //! tonic's server); what Envoy + kvrouter costs over Envoy + this is kvrouter's own share.
 //! `scripts/overhead.sh` runs it as its third path.
@@ -12,6 +14,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -20,7 +23,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, ProcessingRequest, ProcessingResponse,
 };
 use futures::Stream;
-use kvrouter::extproc::envoy::{continue_, route, Slot};
+use kvrouter::config::RoutingConfig;
+use kvrouter::extproc::envoy::{continue_, route, watch, Slot};
+use kvrouter::load::EndpointLoad;
 use tonic::{Response, Status, Streaming};
 
 /// The destination header the shipped configs route on.
@@ -31,6 +36,9 @@ const HEADER: &str = "x-gateway-destination-endpoint";
 pub struct NullPicker {
     destinations: Vec<String>,
     next: AtomicUsize,
+    /// Per destination, when a request there was last marked for the observer.
+    watched: Vec<EndpointLoad>,
+    watch_interval: Duration,
 }
 
 impl NullPicker {
@@ -43,6 +51,11 @@ impl NullPicker {
         NullPicker {
             destinations: destinations.iter().map(SocketAddr::to_string).collect(),
             next: AtomicUsize::new(0),
+            watched: destinations
+                .iter()
+                .map(|_| EndpointLoad::default())
+                .collect(),
+            watch_interval: Duration::from_millis(RoutingConfig::default().observe_interval_ms),
         }
     }
 
@@ -69,7 +82,11 @@ impl NullPicker {
 
     fn route(&self, slot: Slot) -> ProcessingResponse {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.destinations.len();
-        route(slot, HEADER, &self.destinations[i], i as u64)
+        let mut reply = route(slot, HEADER, &self.destinations[i], i as u64);
+        if self.watched[i].claim_watch(Instant::now(), self.watch_interval) {
+            watch(&mut reply);
+        }
+        reply
     }
 }
 
