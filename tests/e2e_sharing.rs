@@ -230,7 +230,11 @@ async fn a_prefix_routed_by_one_instance_is_followed_by_its_peer_through_redis()
 }
 
 /// The negative control: the same traffic without sharing. B has no idea where A sent the
-/// prefixes, and does not send the second turns after them.
+/// prefixes: it matches none of them anywhere, and its second turns are served cold unless
+/// they land where A's went by chance. (Where B sends them is down to its tie rule over idle
+/// replicas, which spreads them in order as A's concurrent first turns were spread in arrival
+/// order: the two coincide often enough that "B did not follow A every time" was a flaky
+/// claim; one in six full runs here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_sharing_the_peer_does_not_know_where_a_prefix_went() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,15 +262,14 @@ async fn without_sharing_the_peer_does_not_know_where_a_prefix_went() {
         }
     }
     let seconds = second_turns(&b, &replicas).await;
-    let followed = seconds
-        .iter()
-        .zip(&picks)
-        .filter(|((went, _), pick)| went == *pick)
-        .count();
-    assert!(
-        followed < PREFIXES,
-        "without sharing B followed A on every conversation: {seconds:?} vs {picks:?}"
-    );
+    for (i, ((went, cached), pick)) in seconds.iter().zip(&picks).enumerate() {
+        if went != pick {
+            assert!(
+                *cached < 300,
+                "conversation {i}: served {cached} cached tokens on {went}, where A never sent it"
+            );
+        }
+    }
     let _ = (&a.dir, &b.dir);
 }
 

@@ -214,13 +214,16 @@ pub struct RoutingConfig {
     pub heavy_body_bytes: usize,
     /// How often, per endpoint, a routed request is marked for Envoy's observer filter, in ms:
     /// at most one request per endpoint in each such interval is watched to its first byte
-    /// (status, served endpoint, time to first token: passive health and the learned speed),
-    /// and so is every half-open trial. The others open no observer stream: their in-flight
-    /// count ends with the
-    /// request, their prefill with the first byte the decision predicted. The observer's
-    /// stream per request cost about a third of Envoy's requests per second at 8 concurrent
-    /// clients on 2 cores (docs/envoy.md); one in 20 ms still gives each endpoint up to 50
-    /// samples a second. 0 marks every request. Default 20.
+    /// (status, served endpoint, time to first token: passive health and the learned speed).
+    /// Every request is watched where a failure was counted since the last good response (so
+    /// a failing endpoint's breaker opens at most one interval later than if every request
+    /// were watched), every half-open trial, and every
+    /// request while `flow_control` is on (its room needs real first bytes). The others open
+    /// no observer stream: their in-flight count ends with the request, their prefill with the
+    /// first byte the decision predicted. The observer's stream per request cost about a third
+    /// of Envoy's requests per second at 8 concurrent clients on 2 cores (docs/envoy.md); one
+    /// in 100 ms still gives each endpoint 10 samples a second. 0 marks every request.
+    /// Default 100.
     pub observe_interval_ms: u64,
 }
 
@@ -236,7 +239,7 @@ impl Default for RoutingConfig {
             max_content_parts: crate::request::DEFAULT_MAX_CONTENT_PARTS,
             prefix_budget_ms: 100,
             heavy_body_bytes: 64 << 10,
-            observe_interval_ms: 20,
+            observe_interval_ms: 100,
         }
     }
 }

@@ -191,6 +191,11 @@ impl Breaker {
         self.reopenings = 0;
     }
 
+    /// Whether it is closed with no failure counted since the last success.
+    pub fn is_clean(&self) -> bool {
+        self.state == BreakerState::Closed && self.failures == 0
+    }
+
     /// Whether it is closed (no timer involved: only failures open it).
     pub fn is_closed(&self) -> bool {
         self.state == BreakerState::Closed

@@ -119,6 +119,8 @@ pub struct EndpointHealth {
     inner: Mutex<Inner>,
     /// Everything up and the breaker closed: the lock-free fast path of [`Self::admission`].
     clear: AtomicBool,
+    /// Clear, and no failed request counted since the last good one: nothing to watch for.
+    clean: AtomicBool,
 }
 
 impl Default for EndpointHealth {
@@ -126,6 +128,7 @@ impl Default for EndpointHealth {
         EndpointHealth {
             inner: Mutex::new(Inner::default()),
             clear: AtomicBool::new(true),
+            clean: AtomicBool::new(true),
         }
     }
 }
@@ -150,6 +153,13 @@ pub fn is_failure_status(status: u16) -> bool {
 }
 
 impl EndpointHealth {
+    /// Whether every view is up and no failed request was counted since the last good one
+    /// (lock-free). While it is not, each response counts: the router watches every request
+    /// there (`routing.observe_interval_ms`).
+    pub fn is_clean(&self) -> bool {
+        self.clean.load(Ordering::Relaxed)
+    }
+
     /// Whether a new request may be sent at `now`.
     pub fn admission(&self, now: Instant, cfg: &HealthConfig) -> Admission {
         if self.clear.load(Ordering::Relaxed) {
@@ -248,7 +258,10 @@ impl EndpointHealth {
     fn update(&self, f: impl FnOnce(&mut Inner) -> Option<Change>) -> Option<Change> {
         let mut inner = self.inner.lock();
         let change = f(&mut inner);
-        self.clear.store(inner.all_clear(), Ordering::Relaxed);
+        let clear = inner.all_clear();
+        self.clear.store(clear, Ordering::Relaxed);
+        self.clean
+            .store(clear && inner.breaker.is_clean(), Ordering::Relaxed);
         change
     }
 }
@@ -257,6 +270,22 @@ impl EndpointHealth {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn one_failed_request_puts_an_endpoint_in_doubt_until_a_good_one() {
+        let cfg = HealthConfig::default();
+        let h = EndpointHealth::default();
+        assert!(h.is_clean());
+        h.record_request(false, Instant::now(), &cfg);
+        assert!(!h.is_clean(), "a failure counted, the breaker still closed");
+        assert_eq!(h.admission(Instant::now(), &cfg), Admission::Yes);
+        h.record_request(true, Instant::now(), &cfg);
+        assert!(h.is_clean());
+        h.record_probe(false, &cfg);
+        h.record_probe(false, &cfg);
+        h.record_probe(false, &cfg);
+        assert!(!h.is_clean(), "ejected by its probes");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn health_flips_after_n_failures_from_any_view_and_recovers() {

@@ -118,6 +118,13 @@ fn one_request_per_interval_is_watched_and_the_rest_free_their_prefill_when_due(
     drop(held);
     assert_eq!(ep.load.snapshot().in_flight_requests, 0);
 
+    // A failure counted there: every request is watched until a good response, so the next
+    // outcomes decide the breaker as quickly as before.
+    r.tables.record_outcome(&ep, false, &config(&r).health);
+    assert!((0..3).all(|_| decide_now(&r, &req, ctx).unwrap().ticket.watched()));
+    r.tables.record_outcome(&ep, true, &config(&r).health);
+    assert!(!decide_now(&r, &req, ctx).unwrap().ticket.watched());
+
     // Another endpoint has an interval of its own; 0 watches every request.
     let other = [addr(8002)];
     let d = decide_now(
@@ -135,6 +142,12 @@ fn one_request_per_interval_is_watched_and_the_rest_free_their_prefill_when_due(
         "routing: {fallback_endpoints: 1, observe_interval_ms: 0}",
     ));
     assert!((0..3).all(|_| decide_now(&every, &req, ctx).unwrap().ticket.watched()));
+    // Flow control's room needs real first bytes: every request is watched.
+    let flow = router(&CONFIG.replace(
+        "routing: {fallback_endpoints: 1}",
+        "routing: {fallback_endpoints: 1, observe_interval_ms: 3600000}\nflow_control: {enabled: true}",
+    ));
+    assert!((0..3).all(|_| decide_now(&flow, &req, ctx).unwrap().ticket.watched()));
 }
 
 #[test]

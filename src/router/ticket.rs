@@ -266,9 +266,13 @@ pub(super) fn commit(
     };
     let uncached_tokens = plan.uncached_tokens();
     let decided_at = Instant::now();
-    // Watched by the observer: every trial (its outcome closes or reopens the breaker), else
-    // one per interval per endpoint (under the interval's rate, every request).
+    // Watched by the observer: every trial (its outcome closes or reopens the breaker), every
+    // request while the pick is in doubt (a failure counted: the next ones decide whether it
+    // opens) or while flow control holds work for real first bytes, else one per interval per
+    // endpoint (under the interval's rate, every request).
     let watched = trial.is_some()
+        || !primary.health.is_clean()
+        || state.config.flow_control.enabled
         || primary.load.claim_watch(
             decided_at,
             std::time::Duration::from_millis(state.config.routing.observe_interval_ms),
