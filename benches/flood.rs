@@ -30,8 +30,9 @@
 //! and a 95% bootstrap CI of each, and of the per-round ratios flooded p99 / unloaded p99.
 //!
 //! `cargo bench --bench flood` (options after `--`: `--rounds 5 --seconds 12 --rate 40
-//! --flood 8 --flood-nice 0`; `--flood-nice 19` runs the flood's client threads at the lowest
-//! priority, so that only the router's own handling of the flood competes with normal requests). Under `cargo test` (no `--bench`) it runs one short round as a smoke check.
+//! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only; `--flood-nice 19` runs the flood's client threads at the lowest
+//! nice value, `--flood-idle` in the idle scheduling class, so that only the router's own
+//! handling of the flood competes with normal requests). Under `cargo test` (no `--bench`) it runs one short round as a smoke check.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +65,11 @@ struct Options {
     flood: usize,
     /// Nice value of the flood's client threads (0: as the rest of this process).
     flood_nice: i32,
+    /// Run the flood's client threads in Linux's idle scheduling class (`--flood-idle`): they
+    /// then get only CPU nothing else wants, as clients on other hosts would cost this one
+    /// nothing. What is left competing with normal requests is the router's own handling of
+    /// the flood (and the kernel's loopback traffic).
+    flood_idle: bool,
 }
 
 impl Options {
@@ -81,6 +87,7 @@ impl Options {
                 rate: 40.0,
                 flood: 8,
                 flood_nice: 0,
+                flood_idle: false,
             }
         } else {
             Options {
@@ -89,6 +96,7 @@ impl Options {
                 rate: 20.0,
                 flood: 2,
                 flood_nice: 0,
+                flood_idle: false,
             }
         };
         o.rounds = value("--rounds").map_or(o.rounds, |v| v as usize);
@@ -96,6 +104,7 @@ impl Options {
         o.rate = value("--rate").unwrap_or(o.rate);
         o.flood = value("--flood").map_or(o.flood, |v| v as usize);
         o.flood_nice = value("--flood-nice").map_or(o.flood_nice, |v| v as i32);
+        o.flood_idle |= args.iter().any(|a| a == "--flood-idle");
         o
     }
 }
@@ -427,12 +436,17 @@ fn main() {
     // holds up a normal request's send or receive here: the latencies are the router's.
     // `--flood-nice 19` lowers them, so the flood's client-side CPU (which stands for other
     // hosts) does not compete with this process's normal requests or with the router.
-    let nice = o.flood_nice;
+    let (nice, idle) = (o.flood_nice, o.flood_idle);
     let flood_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("flood")
         .on_thread_start(move || {
-            if nice != 0 {
+            if idle {
+                let param = libc::sched_param { sched_priority: 0 };
+                // SAFETY: pid 0 is the calling thread; `param` is valid for the call.
+                let ok = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
+                assert!(ok, "--flood-idle: SCHED_IDLE refused");
+            } else if nice != 0 {
                 // SAFETY: setpriority on the calling thread's own id (Linux: nice is per thread).
                 unsafe {
                     let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
@@ -456,13 +470,31 @@ fn main() {
             )
             .await,
         ];
-        let hostile = Arc::new(hostile_bodies(scale));
+        // `--only NAME[,NAME]` floods with some of the bodies only (to tell which costs what).
+        let only: Option<Vec<String>> = std::env::args()
+            .skip_while(|a| a != "--only")
+            .nth(1)
+            .map(|v| v.split(',').map(str::to_string).collect());
+        let hostile: Vec<_> = hostile_bodies(scale)
+            .into_iter()
+            .filter(|(name, _)| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name)))
+            .collect();
+        assert!(!hostile.is_empty(), "--only named no body");
+        let hostile = Arc::new(hostile);
         for (name, body) in hostile.iter() {
             println!("hostile body {name}: {:.1} MiB", body.len() as f64 / 1048576.0);
         }
         println!(
-            "{} rounds x 3 arms of {} s; normal requests at {}/s; {} flood clients (nice {})",
-            o.rounds, o.seconds, o.rate, o.flood, o.flood_nice
+            "{} rounds x 3 arms of {} s; normal requests at {}/s; {} flood clients ({})",
+            o.rounds,
+            o.seconds,
+            o.rate,
+            o.flood,
+            if o.flood_idle {
+                "SCHED_IDLE".to_string()
+            } else {
+                format!("nice {}", o.flood_nice)
+            }
         );
         let next_id = AtomicU64::new(0);
         // (name, target, flooded)
