@@ -20,6 +20,8 @@ mod salt;
 pub mod stream;
 #[cfg(test)]
 mod stream_tests;
+#[cfg(test)]
+mod window_tests;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -38,6 +40,15 @@ use inflight::InflightTable;
 
 /// How often parked tickets are checked against the observer grace and the request time limit.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// HTTP/2 flow-control window of one ext_proc stream, bytes: what Envoy may send a stream
+/// ahead of the router reading it (one full-duplex chunk at the shipped configs' 1 MiB read
+/// size).
+const STREAM_WINDOW_BYTES: u32 = 1 << 20;
+
+/// HTTP/2 flow-control window of one connection, bytes: 64 streams' windows, so streams that
+/// wait unread (a chunk in the heavy lane) leave room for the others' messages.
+const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
 
 /// The ext_proc service.
 #[derive(Debug, Clone)]
@@ -213,7 +224,16 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)));
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        // A stream whose long chunk waits for the heavy lane is not read meanwhile, and what
+        // Envoy sends it in the meantime counts against the connection's window too (Envoy
+        // carries every stream of a worker on one connection). With the connection's window
+        // no larger than a stream's (hyper's default, 1 MiB each), a few such streams closed
+        // the connection to every other request: `window_tests`. Now each takes at most its
+        // own 1 MiB of the connection's 64 MiB; 64 of them waiting at once on one connection
+        // would close it again (reading ahead of the heavy lane would lift that; not done).
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
     if let Some(tls) = extras.tls {
         builder = builder.tls_config(tls)?;
     }
