@@ -316,7 +316,10 @@ mod tests {
 
     #[test]
     fn stays_between_seventy_and_eighty_eight_percent_full() {
-        let mut t = RecordTable::new();
+        // Fixed keys for the hash, so the longest run below is the same in every run: with the
+        // per-process random key it was 34 about once in many runs (the bound is a margin, not
+        // a limit: entries past MAX_DISTANCE go to the overflow list).
+        let mut t = RecordTable::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
         assert_eq!((t.len(), t.heap_bytes()), (0, 0), "allocates nothing empty");
         assert_eq!(MAX_DISTANCE, 62);
         let keys: Vec<u64> = (0..1_000_000u64)
