@@ -138,9 +138,11 @@ impl Metrics {
             "Routing decisions by policy and picked endpoint",
             decisions.clone(),
         );
-        // 1 us .. ~33 ms in powers of two: a decision is expected in the tens of microseconds.
+        // 1 us .. ~1 s in powers of two: a decision is expected in the tens of microseconds,
+        // but a long prompt tokenized on busy cores takes up to `routing.prefix_budget_ms`
+        // (100 ms) and more; with a top bucket at 33 ms every such decision read as 33 ms.
         let decision_seconds = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 16),
+            prometheus_client::metrics::histogram::exponential_buckets(1e-6, 2.0, 21),
         );
         registry.register(
             "decision_duration_seconds",
@@ -443,6 +445,8 @@ mod tests {
     fn renders_prometheus_text_with_live_endpoint_gauges() {
         let m = Metrics::new();
         m.record_decision("least-loaded", "127.0.0.1:1", Duration::from_micros(20));
+        // A decision past the prefix budget lands in a finite bucket, not only in +Inf.
+        m.record_decision("least-loaded", "127.0.0.1:1", Duration::from_millis(120));
         m.record_immediate(404);
         m.record_upstream_status("127.0.0.1:1", 503);
         let endpoints = Endpoints::new(&[ResolvedEndpoint::new(
@@ -456,12 +460,14 @@ mod tests {
         m.record_endpoint_ids_reclaimed(2);
         let text = m.render(&set);
         for needle in [
-            "kvrouter_decisions_total{policy=\"least-loaded\",endpoint=\"127.0.0.1:1\"} 1",
+            "kvrouter_decisions_total{policy=\"least-loaded\",endpoint=\"127.0.0.1:1\"} 2",
             "kvrouter_immediate_responses_total{code=\"404\"} 1",
             "kvrouter_upstream_responses_total{endpoint=\"127.0.0.1:1\",class=\"5xx\"} 1",
             "kvrouter_endpoint_in_flight_requests{endpoint=\"127.0.0.1:1\",pool=\"p\"} 1",
             "kvrouter_endpoint_in_flight_prefill_tokens{endpoint=\"127.0.0.1:1\",pool=\"p\"} 7",
-            "kvrouter_decision_duration_seconds_count 1",
+            "kvrouter_decision_duration_seconds_count 2",
+            "kvrouter_decision_duration_seconds_bucket{le=\"0.065536\"} 1",
+            "kvrouter_decision_duration_seconds_bucket{le=\"0.131072\"} 2",
             "kvrouter_endpoint_ids{state=\"in_use\"} 1",
             "kvrouter_endpoint_ids{state=\"quarantined\"} 0",
             "kvrouter_endpoint_ids_reclaimed_total 2",
