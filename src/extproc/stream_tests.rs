@@ -107,7 +107,11 @@ fn headers(pairs: &[(&str, &str)]) -> Option<HeaderMap> {
     })
 }
 
-fn request_headers(mode: BodySendMode, path: &str, end_of_stream: bool) -> ProcessingRequest {
+pub(super) fn request_headers(
+    mode: BodySendMode,
+    path: &str,
+    end_of_stream: bool,
+) -> ProcessingRequest {
     ProcessingRequest {
         protocol_config: Some(ProtocolConfiguration {
             request_body_mode: mode as i32,
@@ -123,7 +127,7 @@ fn request_headers(mode: BodySendMode, path: &str, end_of_stream: bool) -> Proce
     }
 }
 
-fn request_body(body: &[u8], end_of_stream: bool) -> ProcessingRequest {
+pub(super) fn request_body(body: &[u8], end_of_stream: bool) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(Request::RequestBody(HttpBody {
             body: body.to_vec(),
