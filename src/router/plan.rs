@@ -332,18 +332,7 @@ pub(crate) fn plan(
     let learning = &config.load.learning;
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
-    // The last pool's tiers: candidates come pool by pool, and hashing the pool's name for
-    // each of them was a tenth of a 256-endpoint decision (`perf`, `benches/decision.rs`).
-    let mut tiers: Option<(&Arc<str>, KvTiersConfig)> = None;
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
-        let pool_tiers = match tiers {
-            Some((pool, t)) if Arc::ptr_eq(pool, &ep.pool) || **pool == *ep.pool => t,
-            _ => {
-                let t = state.kv_tiers(&ep.pool);
-                tiers = Some((&ep.pool, t));
-                t
-            }
-        };
         // One load of the engine sample, one lock of what was learned: this runs for every
         // candidate.
         let engine = engine_view(ep, config, now);
@@ -389,7 +378,7 @@ pub(crate) fn plan(
                 m,
                 block,
                 prefix.tokens,
-                &pool_tiers,
+                &state.kv_tiers(&ep.pool),
                 cpu_learned,
                 kv_bytes_per_token,
             ),

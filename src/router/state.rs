@@ -44,8 +44,9 @@ pub struct RouterState {
     kv_events: bool,
     /// Pools confined to tenants (`pools[].tenants`): pool name -> the tenants it admits.
     confined: HashMap<String, HashSet<String>>,
-    /// Pool name -> its tiers' load speeds (`pools[].kv_tiers`).
-    kv_tiers: HashMap<String, KvTiersConfig>,
+    /// Pool name -> its tiers' load speeds (`pools[].kv_tiers`). Looked up for every candidate
+    /// of every decision: a fast hash (pool names come from the config, not from clients).
+    kv_tiers: HashMap<String, KvTiersConfig, ahash::RandomState>,
     /// Model name -> KV bytes per token (`models[]`); models without an entry take the default.
     kv_bytes_per_token: HashMap<String, u64>,
 }
