@@ -30,9 +30,11 @@
 //! and a 95% bootstrap CI of each, and of the per-round ratios flooded p99 / unloaded p99.
 //!
 //! `cargo bench --bench flood` (options after `--`: `--rounds 5 --seconds 12 --rate 40
-//! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only; `--flood-nice 19` runs the flood's client threads at the lowest
-//! nice value, `--flood-idle` in the idle scheduling class, so that only the router's own
-//! handling of the flood competes with normal requests). Under `cargo test` (no `--bench`) it runs one short round as a smoke check.
+//! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only;
+//! `--flood-nice 19` runs the flood's client threads at the lowest nice value, `--flood-idle`
+//! in the idle scheduling class, so that only the router's own handling of the flood competes
+//! with normal requests). Under `cargo test` (no `--bench`) it runs one short round as a smoke
+//! check.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +72,9 @@ struct Options {
     /// nothing. What is left competing with normal requests is the router's own handling of
     /// the flood (and the kernel's loopback traffic).
     flood_idle: bool,
+    /// `--only NAME[,NAME]`: flood with these of the hostile bodies only (to tell which costs
+    /// what); all of them when unset.
+    only: Option<Vec<String>>,
 }
 
 impl Options {
@@ -88,6 +93,7 @@ impl Options {
                 flood: 8,
                 flood_nice: 0,
                 flood_idle: false,
+                only: None,
             }
         } else {
             Options {
@@ -97,6 +103,7 @@ impl Options {
                 flood: 2,
                 flood_nice: 0,
                 flood_idle: false,
+                only: None,
             }
         };
         o.rounds = value("--rounds").map_or(o.rounds, |v| v as usize);
@@ -105,6 +112,11 @@ impl Options {
         o.flood = value("--flood").map_or(o.flood, |v| v as usize);
         o.flood_nice = value("--flood-nice").map_or(o.flood_nice, |v| v as i32);
         o.flood_idle |= args.iter().any(|a| a == "--flood-idle");
+        o.only = args
+            .iter()
+            .position(|a| a == "--only")
+            .and_then(|i| args.get(i + 1))
+            .map(|v| v.split(',').map(str::to_string).collect());
         o
     }
 }
@@ -470,14 +482,9 @@ fn main() {
             )
             .await,
         ];
-        // `--only NAME[,NAME]` floods with some of the bodies only (to tell which costs what).
-        let only: Option<Vec<String>> = std::env::args()
-            .skip_while(|a| a != "--only")
-            .nth(1)
-            .map(|v| v.split(',').map(str::to_string).collect());
         let hostile: Vec<_> = hostile_bodies(scale)
             .into_iter()
-            .filter(|(name, _)| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name)))
+            .filter(|(name, _)| o.only.as_ref().is_none_or(|only| only.iter().any(|n| n == name)))
             .collect();
         assert!(!hostile.is_empty(), "--only named no body");
         let hostile = Arc::new(hostile);

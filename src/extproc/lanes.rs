@@ -12,8 +12,8 @@
 //! ~2 ms to ~0.7-1.3 s; numbers and command in docs/security.md (`cargo bench --bench flood`).
 //!
 //! The price: under a CPU-saturating load of light decisions, heavy ones wait (they still get
-//! nice 19's share, 15/1024 of a nice-0 thread's); their prefix budget counts from when they start, and Envoy's
-//! message timeout bounds the wait as for any decision.
+//! nice 19's share, 15/1024 of a nice-0 thread's); their prefix budget counts from when they
+//! start, and Envoy's message timeout bounds the wait as for any decision.
 
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
