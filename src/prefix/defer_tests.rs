@@ -104,10 +104,18 @@ fn a_new_turn_after_a_cached_prefix_waits_and_finishes_to_the_inline_identity() 
 fn too_little_cached_the_setting_at_1_or_no_routing_tokenizes_inline() {
     let reg = registry(|_| {});
     reg.identify(&chat(vec![system(), question(3)]), &ns());
-    // The new turn is longer than the system prompt: under half is tokenized before it.
+    // The new turn is longer than the system prompt: under half is tokenized before it. In
+    // chunks (the default) the turn's own first chunks are tokenized until half the prompt is,
+    // and the rest is deferred; as one segment (`chunk_bytes: 0`) it is tokenized inline.
     let long = chat(vec![system(), question(2000)]);
     assert_eq!(
         reg.identify_for_routing(&long, &ns(), None).source(),
+        "tokens-deferred"
+    );
+    let unchunked = registry(|m| m.chunk_bytes = 0);
+    unchunked.identify(&chat(vec![system(), question(3)]), &ns());
+    assert_eq!(
+        unchunked.identify_for_routing(&long, &ns(), None).source(),
         "tokens"
     );
 

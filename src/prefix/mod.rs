@@ -42,7 +42,7 @@ pub mod tokenizer;
 pub use hash::{BlockHasher, ChainState, Namespace};
 pub use registry::{DeferredPrefix, TokenizerRegistry};
 pub use tenant::{TenancyError, TenantSalts};
-pub use tokenizer::{ModelTokenizer, PromptTokens};
+pub use tokenizer::{ModelTokenizer, PromptTokens, CHUNK_BYTES};
 
 /// Bytes of text per token assumed when a model has no tokenizer configured. Byte-pair
 /// tokenizers average 3.5-4.5 bytes per token on English text; 4 errs towards fewer tokens.
@@ -192,6 +192,8 @@ pub enum PrefixError {
 
 #[cfg(test)]
 mod budget_tests;
+#[cfg(test)]
+mod chunk_tests;
 #[cfg(test)]
 mod defer_tests;
 #[cfg(test)]

@@ -150,7 +150,7 @@ impl TokenizerRegistry {
         let tokenizer = entry.and_then(|e| e.tokenizer.as_ref());
         let defer = entry
             .map(|e| e.config.defer_tokenizing_after)
-            .filter(|&f| may_defer && f < 1.0);
+            .filter(|_| may_defer);
 
         let exact = |ids: &[u32], tokens: u64, truncated: bool| PrefixIdentity {
             tokens,
@@ -243,6 +243,11 @@ impl DeferredPrefix {
         let tokenizer = w.entry.tokenizer.as_ref()?;
         let tokens = tokenizer.tokenize_deferred(&w.text).ok()?;
         Some(w.hasher.hash_tokens(&tokens.ids, w.max_blocks))
+    }
+
+    /// Bytes held until [`Self::finish`] (the whole rendered prompt).
+    pub fn held_bytes(&self) -> usize {
+        self.0.text.held_bytes()
     }
 
     /// Bytes of rendered prompt left for [`Self::finish`].
@@ -342,7 +347,7 @@ fn load_model(config: &ModelConfig, base_dir: &Path, at: &str) -> Result<ModelEn
         tokenizer_config: tok_config.as_deref(),
         chat_template: template.as_deref(),
     };
-    let tokenizer = ModelTokenizer::load_with_limits(
+    let mut tokenizer = ModelTokenizer::load_with_limits(
         &files,
         config.max_prefix_tokens as usize,
         usize::try_from(config.token_cache_tokens).unwrap_or(usize::MAX),
@@ -353,6 +358,14 @@ fn load_model(config: &ModelConfig, base_dir: &Path, at: &str) -> Result<ModelEn
         },
         at,
     )?;
+    tokenizer.set_chunk_bytes(usize::try_from(config.chunk_bytes).unwrap_or(usize::MAX));
+    tracing::info!(
+        model = %config.name,
+        chat_template = tokenizer.has_chat_template(),
+        segment_cache = tokenizer.uses_segment_cache(),
+        long_message_chunks = tokenizer.uses_chunks(),
+        "tokenizer loaded"
+    );
     Ok(ModelEntry {
         config: config.clone(),
         tokenizer: Some(tokenizer),

@@ -24,7 +24,7 @@ pub(crate) fn fixture_dir() -> PathBuf {
 /// `<dir>/<model>`, where `<dir>` is `$KVROUTER_TOKENIZERS_DIR` if set, else
 /// `.cache/tokenizers` (where `make tokenizers` puts them). Panics, naming both, when the
 /// model's `tokenizer.json` is not there: a test that needs it must not pass without it.
-fn fetched(model: &str) -> PathBuf {
+pub(crate) fn fetched(model: &str) -> PathBuf {
     let base = std::env::var_os("KVROUTER_TOKENIZERS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers"));

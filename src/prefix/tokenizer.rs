@@ -45,6 +45,14 @@ pub const MAX_BYTES_PER_TOKEN: usize = 8;
 /// Tokens dropped before a cut made inside a segment.
 pub const CUT_MARGIN_TOKENS: usize = 64;
 
+/// Bytes (at least) of a long segment between two chunk cuts. A long message (a pasted
+/// document, a whole conversation sent as one message) is tokenized and cached in chunks of
+/// about this size, cut only where the tokenizer's pre-tokenizer splits anyway: a request that
+/// repeats its start (the next turn, the same document with a new question) takes all but the
+/// last chunk from the cache, and the deadline can stop tokenizing between two chunks instead
+/// of only between messages. ~1,000 tokens: an encode of a few ms at most.
+pub const CHUNK_BYTES: usize = 4096;
+
 /// A prompt's token ids (up to the cap) and its whole length.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTokens {
@@ -78,6 +86,11 @@ impl DeferredText {
     /// Bytes of rendered text not tokenized yet.
     pub fn untokenized_bytes(&self) -> usize {
         self.text.len() - self.from
+    }
+
+    /// Bytes of rendered text held (all of it).
+    pub fn held_bytes(&self) -> usize {
+        self.text.len()
     }
 }
 
@@ -133,6 +146,10 @@ pub struct ModelTokenizer {
     /// Per automaton pattern: may a segment start there?
     cut_here: Vec<bool>,
     segments_verified: bool,
+    /// Long segments are cut in chunks at word boundaries (the load-time check passed).
+    chunks_verified: bool,
+    /// Least bytes between two chunk cuts ([`CHUNK_BYTES`]; tests set less).
+    chunk_bytes: usize,
     cache: SegmentCache,
     max_prefix_tokens: usize,
 }
@@ -142,6 +159,7 @@ impl std::fmt::Debug for ModelTokenizer {
         f.debug_struct("ModelTokenizer")
             .field("has_template", &self.template.is_some())
             .field("segments_verified", &self.segments_verified)
+            .field("chunks_verified", &self.chunks_verified)
             .field("cache", &self.cache)
             .field("max_prefix_tokens", &self.max_prefix_tokens)
             .finish()
@@ -243,10 +261,13 @@ impl ModelTokenizer {
             added,
             cut_here,
             segments_verified: false,
+            chunks_verified: false,
+            chunk_bytes: CHUNK_BYTES,
             cache: SegmentCache::new(cache_tokens),
             max_prefix_tokens: max_prefix_tokens.max(1),
         };
         model.segments_verified = model.verify_segments();
+        model.chunks_verified = model.segments_verified && model.verify_chunks();
         Ok(model)
     }
 
@@ -259,6 +280,19 @@ impl ModelTokenizer {
     /// passed); false means whole-text tokenizing.
     pub fn uses_segment_cache(&self) -> bool {
         self.segments_verified
+    }
+
+    /// True when long segments are also cut in chunks of about [`CHUNK_BYTES`] (the load-time
+    /// check passed: the tokenizer splits words apart before merging, as byte-level BPE
+    /// tokenizers such as Llama 3's and Qwen's do).
+    pub fn uses_chunks(&self) -> bool {
+        self.chunks_verified && self.chunk_bytes > 0
+    }
+
+    /// Cuts long segments every `bytes` or so instead of every [`CHUNK_BYTES`]
+    /// (`models[].chunk_bytes`); 0 never cuts inside a segment.
+    pub fn set_chunk_bytes(&mut self, bytes: usize) {
+        self.chunk_bytes = bytes;
     }
 
     /// The most tokens hashed per prompt.
@@ -399,13 +433,18 @@ impl ModelTokenizer {
         let mut pending: Vec<MediaAt> = media.to_vec();
         pending.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
         if segmented && !add_special_tokens {
-            for (start, end) in self.segments(text) {
+            for (start, end) in self.pieces(text, self.chunk_bytes) {
                 if ids.len() >= cap {
                     break;
                 }
                 if start > 0 && past(deadline) {
-                    // At a segment boundary: the ids so far are exact, no margin to drop.
+                    // At a segment or chunk boundary: the ids so far are exact, no margin to
+                    // drop. When the caller defers, the rest is left for after the decision as
+                    // deferred text is (not with media: their offsets come from here).
                     deadline_cut = true;
+                    if defer.is_some() && media.is_empty() {
+                        deferred_from = Some(start);
+                    }
                     break;
                 }
                 let segment = &text[start..end];
@@ -499,6 +538,51 @@ impl ModelTokenizer {
         })
     }
 
+    /// Renders `messages` with the chat template (tests).
+    #[cfg(test)]
+    pub(crate) fn render_for_test(
+        &self,
+        messages: &[ChatMessage<'_>],
+    ) -> Result<String, PrefixError> {
+        let template = self.template.as_ref().ok_or(PrefixError::NoChatTemplate)?;
+        template.render(messages).map_err(template_error)
+    }
+
+    /// Renders and tokenizes `messages` as one text, without segments, chunks or the cache:
+    /// the reference the cached paths must equal (tests).
+    #[cfg(test)]
+    pub(crate) fn tokenize_chat_whole_for_test(
+        &self,
+        messages: &[ChatMessage<'_>],
+    ) -> Result<PromptTokens, PrefixError> {
+        let text = self.render_for_test(messages)?;
+        self.tokenize_inner(&text, false, false, Limits::default(), &[])
+            .map(Into::into)
+    }
+
+    /// Tokenizes an already rendered chat as routing does (`defer` the fraction of
+    /// `models[].defer_tokenizing_after`), the deferred text attached (tests).
+    #[cfg(test)]
+    pub(crate) fn tokenize_rendered_deferring_for_test(
+        &self,
+        text: &str,
+        deadline: Option<Instant>,
+        defer: f64,
+    ) -> Result<PromptTokens, PrefixError> {
+        let limits = Limits {
+            deadline,
+            defer: Some(defer),
+        };
+        let tokenized = self.tokenize_inner(text, false, true, limits, &[])?;
+        let from = tokenized.deferred_from;
+        let mut tokens = PromptTokens::from(tokenized);
+        tokens.deferred = from.map(|from| DeferredText {
+            text: text.to_string(),
+            from,
+        });
+        Ok(tokens)
+    }
+
     /// Tokenizes an already rendered chat (tests).
     #[cfg(test)]
     pub(crate) fn tokenize_inner_for_test(
@@ -579,6 +663,52 @@ impl ModelTokenizer {
         }
         let ends: Vec<usize> = starts.iter().skip(1).copied().chain([text.len()]).collect();
         starts.into_iter().zip(ends).filter(|(s, e)| e > s)
+    }
+
+    /// The segments of `text` ([`Self::segments`]), each long one cut in chunks of at least
+    /// `chunk_bytes` at [`chunk_cut`]s when chunks are verified.
+    fn pieces(&self, text: &str, chunk_bytes: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (start, end) in self.segments(text) {
+            let mut at = start;
+            if self.chunks_verified && chunk_bytes > 0 {
+                while let Some(cut) = chunk_cut(text.as_bytes(), at + chunk_bytes, end) {
+                    out.push((at, cut));
+                    at = cut;
+                }
+            }
+            out.push((at, end));
+        }
+        out
+    }
+
+    /// Tokenizes the probe texts whole and cut at every chunk cut; true when they agree (and
+    /// there were cuts to try).
+    fn verify_chunks(&self) -> bool {
+        let mut probes = probe_texts(self.template.as_ref());
+        probes.push(CHUNK_PROBE.to_string());
+        let mut cuts = 0;
+        let agree = probes.iter().all(|text| {
+            let whole = self.encode(text, false);
+            let mut by_chunks = Vec::new();
+            for (s, e) in self.segments(text) {
+                let mut at = s;
+                loop {
+                    let next = chunk_cut(text.as_bytes(), at + 1, e).unwrap_or(e);
+                    match self.encode(&text[at..next], false) {
+                        Ok(ids) => by_chunks.extend(ids),
+                        Err(_) => return false,
+                    }
+                    if next == e {
+                        break;
+                    }
+                    cuts += 1;
+                    at = next;
+                }
+            }
+            whole.is_ok_and(|w| w == by_chunks)
+        });
+        agree && cuts > 0
     }
 
     /// Tokenizes a probe conversation whole and by segments; true when they agree.
@@ -668,6 +798,28 @@ fn probe_texts(template: Option<&ChatTemplate>) -> Vec<String> {
     }
     out.push(" leading space and\n\nnewlines  \t end ".to_string());
     out
+}
+
+/// Text with many chunk cuts in the contexts that could tell a tokenizer's word splitting apart
+/// from a cut: contractions, capitals, digits, punctuation, non-ASCII letters next to a cut.
+const CHUNK_PROBE: &str = "It's a test of the cut rule: we'll see if Words split here. \
+    Numbers 12 and 345 sit beside words, x86 word5 H100 a1b2 x y z, CamelCase Words, don't stop now! \
+    Café au lait, naïve résumé and Zürich are words too; the end came (at last) here \
+    and a b c d e f g h i j k l m n o p q r s t u v w x y z then THE END is near";
+
+/// The first chunk cut of `text[..end]` at or after `from`: a position `p` with an ASCII letter
+/// or digit before it, then a single space and an ASCII letter (`...word5| word...`). The
+/// byte-level BPE pre-tokenizers (GPT-2's, Llama 3's, Qwen's) end a word or number at `p` and
+/// start the next match at its space, so the two sides tokenize as they do within the whole;
+/// whether a tokenizer does is checked at load ([`ModelTokenizer::uses_chunks`]).
+fn chunk_cut(text: &[u8], from: usize, end: usize) -> Option<usize> {
+    let from = from.max(1);
+    if end < 2 || from > end - 2 {
+        return None;
+    }
+    (from..end - 1).find(|&p| {
+        text[p] == b' ' && text[p - 1].is_ascii_alphanumeric() && text[p + 1].is_ascii_alphabetic()
+    })
 }
 
 /// The largest char boundary of `s` at or below `at`.

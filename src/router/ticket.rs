@@ -48,6 +48,9 @@ pub struct RestOfPrompt {
     kv_events: bool,
     confirmed_blocks: u32,
     model: String,
+    /// The policy that decided (its own prefix tree, if any, gets the whole prompt too).
+    policy: Arc<dyn crate::policy::Policy>,
+    block_size_tokens: u32,
 }
 
 impl std::fmt::Debug for RestOfPrompt {
@@ -60,6 +63,17 @@ impl std::fmt::Debug for RestOfPrompt {
 }
 
 impl RestOfPrompt {
+    /// Bytes this holds until finished (the rendered prompt).
+    pub fn held_bytes(&self) -> usize {
+        self.prefix.held_bytes()
+    }
+
+    /// Not finished (no room to queue it): counted; the prefix the decision used stays
+    /// predicted on the pick.
+    pub fn drop_unfinished(self) {
+        self.tables.metrics.cache.record_deferred_dropped();
+    }
+
     /// Tokenizes the rest (into the token cache) and records the whole prompt's blocks on the
     /// pick as the decision would have. Takes as long as tokenizing the new text: run it off
     /// the request's path.
@@ -77,6 +91,8 @@ impl RestOfPrompt {
             &hashes,
             self.confirmed_blocks,
         );
+        self.policy
+            .record_rest(self.endpoint.address, &hashes, self.block_size_tokens);
     }
 }
 
@@ -308,6 +324,8 @@ pub(super) fn commit(
         kv_events: state.kv_events(),
         confirmed_blocks,
         model: plan.model.clone(),
+        policy: Arc::clone(&state.policy),
+        block_size_tokens: plan.prefix.block_size_tokens,
     });
     let mut destination = String::with_capacity(plan.endpoints.len() * 22);
     for ep in &plan.endpoints {
@@ -325,6 +343,10 @@ pub(super) fn commit(
         plan.prefix.tokens,
         plan.candidates[pick].matched_tokens,
     );
+    tables
+        .metrics
+        .cache
+        .record_prefix_source(plan.prefix.source());
     if plan.stale_signals() {
         tables.metrics.signals.record_stale_decision(plan.policy);
     }

@@ -28,31 +28,65 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// `prefix_source`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrefixSourceLabels {
+    prefix_source: &'static str,
+}
+
+/// The prefix identities a decision can be made on ([`crate::prefix::PrefixIdentity::source`]),
+/// in the order of [`CacheMetrics`]' handles.
+pub const PREFIX_SOURCES: [&str; 5] = [
+    "tokens",
+    "tokens-capped",
+    "tokens-partial",
+    "tokens-deferred",
+    "bytes",
+];
+
 /// The cache metrics of routed decisions (registered under `kvrouter_`).
 #[derive(Debug)]
 pub struct CacheMetrics {
     prompt_tokens: Family<PolicyLabels, Counter>,
     matched_tokens: Family<PolicyLabels, Counter>,
     by_source: Family<SourceLabels, Counter>,
-    /// Deferred tokenizings finished / failed (the handles, registered once).
-    deferred: [Counter; 2],
+    /// Deferred tokenizings finished / failed / dropped (the handles, registered once).
+    deferred: [Counter; 3],
+    /// Decisions per prefix identity, in [`PREFIX_SOURCES`] order (the handles).
+    by_prefix_source: [Counter; 5],
 }
 
 impl CacheMetrics {
     /// Registers the cache metrics in `registry`.
     pub fn register(registry: &mut Registry) -> CacheMetrics {
         let deferred = Family::<ResultLabels, Counter>::default();
+        let by_prefix_source = Family::<PrefixSourceLabels, Counter>::default();
         let m = CacheMetrics {
             prompt_tokens: Family::default(),
             matched_tokens: Family::default(),
             by_source: Family::default(),
-            deferred: ["finished", "failed"]
+            deferred: ["finished", "failed", "dropped"]
                 .map(|result| deferred.get_or_create(&ResultLabels { result }).clone()),
+            by_prefix_source: PREFIX_SOURCES.map(|prefix_source| {
+                by_prefix_source
+                    .get_or_create(&PrefixSourceLabels { prefix_source })
+                    .clone()
+            }),
         };
         registry.register(
+            "decisions_by_prefix_source",
+            "Routed decisions by the prompt identity they were made on: tokens (whole prompt), \
+             tokens-capped (max_prefix_tokens reached), tokens-partial (routing.prefix_budget_ms \
+             stopped tokenizing), tokens-deferred (new text left for after the decision), \
+             bytes (byte estimate: no tokenizer or template, a failure, or the budget passed \
+             before rendering)",
+            by_prefix_source,
+        );
+        registry.register(
             "deferred_tokenizings",
-            "Prompts decided on their cached prefix whose new text was tokenized after the \
-             decision (models[].defer_tokenizing_after), by result",
+            "Prompts decided on a prefix (the cached one before new text, \
+             models[].defer_tokenizing_after, or what routing.prefix_budget_ms allowed) whose \
+             rest was tokenized after the decision, by result",
             deferred,
         );
         registry.register(
@@ -98,9 +132,25 @@ impl CacheMetrics {
             .inc();
     }
 
+    /// Counts a decision made on a prompt identity of `source` (one of [`PREFIX_SOURCES`];
+    /// another is counted as `bytes`, the least exact).
+    pub fn record_prefix_source(&self, source: &str) {
+        let i = PREFIX_SOURCES
+            .iter()
+            .position(|&s| s == source)
+            .unwrap_or(PREFIX_SOURCES.len() - 1);
+        self.by_prefix_source[i].inc();
+    }
+
     /// Counts a deferred tokenizing that finished (`true`) or whose text the tokenizer refused.
     pub fn record_deferred(&self, finished: bool) {
         self.deferred[usize::from(!finished)].inc();
+    }
+
+    /// Counts a deferred tokenizing dropped unstarted: the work queued after decisions held
+    /// its most bytes.
+    pub fn record_deferred_dropped(&self) {
+        self.deferred[2].inc();
     }
 }
 
@@ -115,6 +165,9 @@ mod tests {
         m.record("predicted-ttft", "events", 100, 64);
         m.record("predicted-ttft", "predictions", 50, 80);
         m.record_deferred(true);
+        m.record_prefix_source("tokens-partial");
+        m.record_prefix_source("tokens-partial");
+        m.record_prefix_source("bytes");
         let mut text = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -124,6 +177,10 @@ mod tests {
             "kvrouter_decisions_by_cache_source_total{cache_source=\"predictions\"} 1",
             "kvrouter_deferred_tokenizings_total{result=\"finished\"} 1",
             "kvrouter_deferred_tokenizings_total{result=\"failed\"} 0",
+            "kvrouter_deferred_tokenizings_total{result=\"dropped\"} 0",
+            "kvrouter_decisions_by_prefix_source_total{prefix_source=\"tokens-partial\"} 2",
+            "kvrouter_decisions_by_prefix_source_total{prefix_source=\"bytes\"} 1",
+            "kvrouter_decisions_by_prefix_source_total{prefix_source=\"tokens\"} 0",
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }
