@@ -25,11 +25,16 @@ mod support;
 use support::{chat_body, prose};
 
 fn registry(cache_tokens: u64) -> TokenizerRegistry {
+    registry_chunked(cache_tokens, ModelConfig::default().chunk_bytes)
+}
+
+fn registry_chunked(cache_tokens: u64, chunk_bytes: u64) -> TokenizerRegistry {
     TokenizerRegistry::from_config(
         &[ModelConfig {
             name: "smollm2".into(),
             tokenizer: Some(testkit::shared_fixture().display().to_string()),
             token_cache_tokens: cache_tokens,
+            chunk_bytes,
             ..ModelConfig::default()
         }],
         Path::new("/"),
@@ -166,6 +171,51 @@ fn bench_prefix(c: &mut Criterion) {
         let text = prose(3, words);
         g.bench_function(format!("encode_prose_{words}_words"), |b| {
             b.iter(|| black_box(t_cold.tokenize_text(black_box(&text)).unwrap().ids.len()))
+        });
+    }
+    g.finish();
+
+    // A conversation sent as one message (a trace replayed as single-message chats, a pasted
+    // document with a new question): ~12k tokens seen before, then 200 new words. In chunks
+    // (`models[].chunk_bytes`, the default) the repeated start comes from the token cache;
+    // unchunked the whole message is one segment, tokenized again.
+    let earlier = prose(5, 9_000);
+    let next_turn = |i: usize| format!("{earlier} Turn {i}: {}", prose(i + 1, 200));
+    let mut g = c.benchmark_group("tokenize_one_long_message");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for (name, chunk_bytes) in [
+        ("chunked", ModelConfig::default().chunk_bytes),
+        ("unchunked", 0),
+    ] {
+        let reg = registry_chunked(1 << 22, chunk_bytes);
+        let t = reg.tokenizer("smollm2").unwrap();
+        let first = t
+            .tokenize_chat(&[message("user", earlier.clone())])
+            .unwrap();
+        if chunk_bytes == ModelConfig::default().chunk_bytes {
+            println!(
+                "one long message: {} tokens before the new turn",
+                first.total_tokens
+            );
+        }
+        g.bench_function(format!("next_turn_{name}"), |b| {
+            b.iter(|| {
+                let m = [message("user", next_turn(next()))];
+                black_box(t.tokenize_chat(&m).unwrap().ids.len())
+            })
+        });
+        g.bench_function(format!("next_turn_{name}_deferred"), |b| {
+            b.iter(|| {
+                let m = [message("user", next_turn(next()))];
+                black_box(
+                    t.tokenize_chat_deferring(&m, None, Some(0.5))
+                        .unwrap()
+                        .ids
+                        .len(),
+                )
+            })
         });
     }
     g.finish();

@@ -200,10 +200,14 @@ pub struct RoutingConfig {
     /// more gets 413. Must be > 0. Default 20000.
     pub max_content_parts: usize,
     /// Time budget for a request's prefix identity (render + tokenize), in ms, counted from when
-    /// its decision starts (so it bounds how long one request holds a tokenizing slot). Past it before rendering, the request is identified by the byte
-    /// estimate; past it while tokenizing, by the exact prefix tokenized so far (decision prefix
-    /// source `bytes` / `tokens-partial`). Routing never waits longer for a better identity and
-    /// never fails for lack of one. 0 disables the deadline. Default 100.
+    /// its decision starts (so it bounds how long one request holds a tokenizing slot). Past it
+    /// before rendering, the request is identified by the byte estimate; past it while
+    /// tokenizing, by the exact prefix tokenized so far (decision prefix source `bytes` /
+    /// `tokens-partial`), cut between two messages or two chunks of a long one
+    /// (`models[].chunk_bytes`). The rest is then tokenized after the decision and predicted on
+    /// the pick, as deferred text is (`models[].defer_tokenizing_after`), so the next request
+    /// sharing the prompt still finds all of it there. Routing never waits longer for a better
+    /// identity and never fails for lack of one. 0 disables the deadline. Default 100.
     pub prefix_budget_ms: u64,
     /// Bodies longer than this, in bytes, are decided in the heavy lane: half the cores' worth of
     /// threads at the lowest CPU priority, queued apart from the light lane (twice the cores, at
@@ -286,10 +290,20 @@ pub struct ModelConfig {
     /// prompt is counted by estimate), bounding the work a huge body costs. Must be at least
     /// `block_size_tokens`. Default 32768.
     pub max_prefix_tokens: u32,
-    /// Token ids kept in the per-message token cache (segments of rendered prompts, e.g. shared
-    /// system prompts), about 4 bytes each plus a small per-segment overhead. 0 disables the
-    /// cache. Default 1048576.
+    /// Token ids kept in the token cache (segments of rendered prompts: messages, and chunks of
+    /// long ones, e.g. shared system prompts and earlier turns), about 4 bytes each plus a small
+    /// per-segment overhead. To help follow-up turns it must hold the traffic of the time
+    /// between two turns, about as long as the engines keep a prefix (their KV capacity). 0
+    /// disables the cache. Default 4194304 (16 MiB of ids).
     pub token_cache_tokens: u64,
+    /// A message longer than this many bytes (a pasted document, a whole conversation sent as
+    /// one message) is tokenized and cached in chunks of about this size, cut where the
+    /// tokenizer splits words anyway (checked when the tokenizer loads; a tokenizer that fails
+    /// the check is not chunked): a request repeating the start of an earlier one takes that
+    /// start from the token cache, and `routing.prefix_budget_ms` can stop tokenizing between
+    /// two chunks (keeping the prefix so far) instead of only between messages. 0 turns it off.
+    /// Default 4096 (~1,000 tokens).
+    pub chunk_bytes: u64,
     /// Work one chat-template render may do, in minijinja fuel (about one unit per template
     /// instruction and per 64 bytes of data it handles). A render that runs out (a pathological
     /// template on a huge conversation) is abandoned and the request is identified by the byte
@@ -303,11 +317,12 @@ pub struct ModelConfig {
     pub max_rendered_prompt_bytes: u64,
     /// Decide before the whole chat is tokenized, 0..=1: once this fraction of the rendered
     /// prompt's bytes is tokenized (from the token cache, or just now), tokenizing stops at the
-    /// next segment (message) the cache does not hold. The decision counts the rest by
+    /// next segment (message, or chunk of a long one) the cache does not hold. The decision counts the rest by
     /// estimate; the rest is tokenized right after the reply (filling the cache and the pick's
     /// predicted blocks), off the request's path. New text can match an engine's cache only
     /// after a matching prefix, so the pick rarely changes, and a new user turn (~2 us a word
-    /// to tokenize) no longer delays the decision. Not for chats with media. 1 turns it off.
+    /// to tokenize) no longer delays the decision. Not for chats with media. 1 turns it off
+    /// (a prefix cut by `routing.prefix_budget_ms` still has its rest finished this way).
     /// Default 0.5.
     pub defer_tokenizing_after: f64,
     /// Bytes of KV cache one token of this model takes (all layers, keys and values), for
@@ -328,7 +343,8 @@ impl Default for ModelConfig {
             chat_template: None,
             block_size_tokens: 16,
             max_prefix_tokens: 32_768,
-            token_cache_tokens: 1 << 20,
+            token_cache_tokens: 1 << 22,
+            chunk_bytes: crate::prefix::CHUNK_BYTES as u64,
             template_fuel: crate::prefix::template::DEFAULT_TEMPLATE_FUEL,
             max_rendered_prompt_bytes: crate::prefix::template::DEFAULT_MAX_RENDERED_PROMPT_BYTES
                 as u64,

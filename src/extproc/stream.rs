@@ -561,9 +561,19 @@ impl Stream {
                     "routed"
                 );
                 if let Some(rest) = decision.rest {
-                    // The new text after the cached prefix the decision used: tokenized and
-                    // predicted on the pick once the reply is on its way.
-                    tokio::spawn(lanes::run(false, move || rest.finish()));
+                    // The text after the prefix the decision used (new text after a cached
+                    // prefix, or what the prefix budget left): tokenized and predicted on the
+                    // pick once the reply is on its way, in the lane the body's size calls for.
+                    let heavy = pending.len > pending.state.config.routing.heavy_body_bytes;
+                    match lanes::AFTER_DECISION.hold(rest.held_bytes()) {
+                        Some(held) => {
+                            tokio::spawn(lanes::run(heavy, move || {
+                                rest.finish();
+                                drop(held);
+                            }));
+                        }
+                        None => rest.drop_unfinished(),
+                    }
                 }
                 if !watched {
                     // No observer will report its first byte: take it at the predicted time.

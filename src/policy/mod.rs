@@ -182,6 +182,14 @@ pub trait Policy: Send + Sync + fmt::Debug {
     }
     /// Ranks `candidates` (non-empty) for `request`.
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking;
+    /// A request ranked on a prefix of its prompt (new text deferred, or the prefix budget
+    /// cut tokenizing short) was sent to `endpoint`, and the rest is now tokenized: `blocks`
+    /// are the whole prompt's block hashes. A policy keeping its own prefix tree inserts them
+    /// as it would have at the decision, had it seen the whole prompt (its peer's router
+    /// matches the whole text). Default: nothing.
+    fn record_rest(&self, endpoint: SocketAddr, blocks: &[u64], block_size_tokens: u32) {
+        let _ = (endpoint, blocks, block_size_tokens);
+    }
 }
 
 /// Excludes candidates that must not be picked while any other is available.

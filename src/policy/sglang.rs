@@ -27,6 +27,7 @@
 //! `sglang-cache-aware-index` ([`super::sglang_index`]) keeps SGLang's thresholds but reads
 //! kvrouter's capacity-aware index instead of an approximate tree.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -204,6 +205,17 @@ impl Policy for SglangCacheAware {
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         self.rank_at(Instant::now(), request, candidates)
     }
+
+    fn record_rest(&self, endpoint: SocketAddr, blocks: &[u64], block_size_tokens: u32) {
+        let now_ms = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_millis() as u64;
+        let mut state = self.state.lock();
+        if let Some(t) = state.tree.tenant(endpoint) {
+            let block_tokens = u64::from(block_size_tokens.max(1));
+            state.tree.insert(blocks, t, block_tokens, now_ms);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -262,6 +274,31 @@ mod tests {
         assert_permutation(&r, 2);
         // 1 of 4 (25%): a miss, the smallest tree (the other one).
         assert_ne!(p.rank_at(now, &prompt(&[1, 7, 8, 9]), &cands).pick(), home);
+    }
+
+    /// A request decided on its prompt's first block (the rest deferred or cut by the budget)
+    /// has its whole prompt inserted once the rest is tokenized: the next turn, sharing all of
+    /// it, matches above the threshold and follows it, as SGLang's text tree would.
+    #[test]
+    fn the_rest_of_a_prompt_joins_the_tree_under_its_pick() {
+        let p = policy();
+        let now = Instant::now();
+        let cands = [candidate(1, 0, 0), candidate(2, 0, 0)];
+        let whole = [1, 2, 3, 4, 5, 6, 7, 8];
+        let home = p.rank_at(now, &prompt(&whole[..1]), &cands).pick();
+        let next_turn = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        // Without the rest: 1 of 10 blocks (10%) is a miss, the smallest tree (the other one).
+        let before = SglangCacheAware::with_seed(&PolicyConfig::default(), 7);
+        let first = before.rank_at(now, &prompt(&whole[..1]), &cands).pick();
+        assert_eq!(first, home);
+        assert_ne!(
+            before.rank_at(now, &prompt(&next_turn), &cands).pick(),
+            home
+        );
+        // With it: 8 of 10 (80%), the same worker.
+        p.record_rest(cands[home].address, &whole, 16);
+        let r = p.rank_at(now, &prompt(&next_turn), &cands);
+        assert_eq!((r.pick(), r.scores[home]), (home, Some(0.8)));
     }
 
     #[test]

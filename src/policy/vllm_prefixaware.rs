@@ -18,6 +18,7 @@
 //! router cannot grow without limit. The fallbacks handed to Envoy after the pick are the other
 //! candidates, least loaded first.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -139,6 +140,20 @@ impl Policy for VllmPrefixAware {
             rand::rng().random_range(0..n)
         })
     }
+
+    fn record_rest(&self, endpoint: SocketAddr, blocks: &[u64], block_size_tokens: u32) {
+        let now_ms = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_millis() as u64;
+        let mut state = self.state.lock();
+        if let Some(t) = state.trie.tenant(endpoint) {
+            if state.trie.len() + blocks.len() > self.config.max_blocks {
+                state.trie.clear();
+            }
+            let block_tokens = u64::from(block_size_tokens.max(1));
+            state.trie.insert(blocks, t, block_tokens, now_ms);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +191,29 @@ mod tests {
         });
         assert_eq!(r.pick(), 2);
         assert_eq!(r.scores[2], Some(32.0 / 48.0));
+    }
+
+    /// The rest of a prompt decided on its first block joins the trie under its pick: the next
+    /// request sharing it walks to that endpoint alone.
+    #[test]
+    fn the_rest_of_a_prompt_joins_the_trie_under_its_pick() {
+        let p = VllmPrefixAware::new(&PolicyConfig::default());
+        let cands = [candidate(1, 0, 0), candidate(2, 0, 0)];
+        let now = Instant::now();
+        p.rank_at(now, &prompt(&[1]), &cands, |_| 1);
+        {
+            // Endpoint 0 was sent block 1 too.
+            let mut state = p.state.lock();
+            let t = state.trie.tenant(cands[0].address).unwrap();
+            state.trie.insert(&[1], t, 16, 0);
+        }
+        // Both hold block 1; the rest [2, 3] of endpoint 1's prompt follows it there only.
+        p.record_rest(cands[1].address, &[1, 2, 3], 16);
+        let r = p.rank_at(now, &prompt(&[1, 2, 3, 4]), &cands, |n| {
+            assert_eq!(n, 1, "only endpoint 1 holds blocks 2-3");
+            0
+        });
+        assert_eq!((r.pick(), r.scores[1]), (1, Some(48.0 / 64.0)));
     }
 
     #[test]

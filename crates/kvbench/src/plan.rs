@@ -238,6 +238,9 @@ pub struct PolicySpec {
     /// The instances share their decisions through a Redis started for each run (kvrouter's
     /// `sharing.redis`; `redis-server` from `$KVROUTER_REDIS` or `PATH`). Default false.
     pub sharing: bool,
+    /// A kvrouter binary for this policy's runs instead of the one built here: two builds
+    /// compared side by side in one run (a change A/B'd against the commit before it).
+    pub router_bin: Option<std::path::PathBuf>,
 }
 
 impl PolicySpec {
@@ -889,6 +892,12 @@ impl Plan {
                     p.routers.unwrap_or(0)
                 ));
             }
+            if let Some(bin) = p.router_bin.as_ref().filter(|b| !b.is_file()) {
+                errors.push(format!(
+                    "policies[{i}].router_bin {} is not a file",
+                    bin.display()
+                ));
+            }
             if !labels.insert(p.label().to_string()) {
                 errors.push(format!("policies[{i}].label {:?} is not unique", p.label()));
             }
@@ -1188,6 +1197,10 @@ mod tests {
             (
                 "fleet: [{cpu_offload_gb_per_s: 0}]\npolicies: [{policy: a}]\nworkloads: [{name: w}]",
                 "fleet[0].cpu_offload_gb_per_s must be a finite number > 0 (got 0)",
+            ),
+            (
+                "policies: [{policy: a, router_bin: /nonexistent/kvrouter}]\nworkloads: [{name: w}]",
+                "policies[0].router_bin /nonexistent/kvrouter is not a file",
             ),
             (
                 "policies: [{policy: a, router_yaml: [1]}]\nworkloads: [{name: w}]",

@@ -358,6 +358,7 @@ async fn run_stack(
     }
     let p = &p_shared;
     let bins = &o.binaries;
+    let kvrouter_bin = p.router_bin.as_deref().unwrap_or(&bins.kvrouter);
     let eds = dir.join("eds.json");
     let tenant_header = trace.tenant_header.clone();
     // The unsalted multi-tenant control sends no cache_salt and must see engines share: the
@@ -406,7 +407,7 @@ async fn run_stack(
     };
     std::fs::write(config_path(0), render_router(&probe))
         .map_err(|e| BenchError::Io(e.to_string()))?;
-    testkit::check_config(&bins.kvrouter, &config_path(0))?;
+    testkit::check_config(kvrouter_bin, &config_path(0))?;
 
     let kv_events = p.kv_events;
     let plan_c = plan.clone();
@@ -446,7 +447,7 @@ async fn run_stack(
             std::fs::create_dir_all(&d).map_err(|e| BenchError::Io(e.to_string()))?;
             d
         };
-        routers.push(Router::start(&bins.kvrouter, &name_dir, &path, "warn")?);
+        routers.push(Router::start(kvrouter_bin, &name_dir, &path, "warn")?);
     }
     for r in &routers {
         r.wait_ready().await?;
