@@ -793,6 +793,8 @@ async fn the_grafana_dashboard_queries_only_metrics_the_router_exports() {
         "kvrouter_decision_duration_seconds_bucket",
         "kvrouter_decision_matched_tokens_total",
         "kvrouter_decisions_by_cache_source_total",
+        "kvrouter_decisions_by_prefix_source_total",
+        "kvrouter_deferred_tokenizings_total",
         "kvrouter_decisions_on_stale_signals_total",
         "kvrouter_ejections_total",
         "kvrouter_endpoint_in_flight_requests",
