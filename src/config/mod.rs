@@ -317,9 +317,9 @@ pub struct ModelConfig {
     pub max_rendered_prompt_bytes: u64,
     /// Decide before the whole chat is tokenized, 0..=1: once this fraction of the rendered
     /// prompt's bytes is tokenized (from the token cache, or just now), tokenizing stops at the
-    /// next segment (message, or chunk of a long one) the cache does not hold. The decision counts the rest by
-    /// estimate; the rest is tokenized right after the reply (filling the cache and the pick's
-    /// predicted blocks), off the request's path. New text can match an engine's cache only
+    /// next segment (message, or chunk of a long one) the cache does not hold. The decision
+    /// counts the rest by estimate; the rest is tokenized right after the reply (filling the
+    /// cache and the pick's predicted blocks), off the request's path. New text can match an engine's cache only
     /// after a matching prefix, so the pick rarely changes, and a new user turn (~2 us a word
     /// to tokenize) no longer delays the decision. Not for chats with media. 1 turns it off
     /// (a prefix cut by `routing.prefix_budget_ms` still has its rest finished this way).

@@ -97,6 +97,20 @@ impl ApproxTree {
             .map_while(move |h| self.nodes.get(h).map(|n| TenantsOf(&n.tenants)))
     }
 
+    /// [`Self::insert`] under `address` (registered if new), `block_size_tokens` a block: how a
+    /// policy's tree learns where a prompt went.
+    pub fn insert_for(
+        &mut self,
+        address: SocketAddr,
+        blocks: &[u64],
+        block_size_tokens: u32,
+        now_ms: u64,
+    ) {
+        if let Some(t) = self.tenant(address) {
+            self.insert(blocks, t, u64::from(block_size_tokens.max(1)), now_ms);
+        }
+    }
+
     /// Puts `tenant` on every block of `blocks` (creating missing nodes) and stamps them
     /// `now_ms`. `block_tokens` is what a node adds to a tenant's size.
     pub fn insert(&mut self, blocks: &[u64], tenant: Tenant, block_tokens: u64, now_ms: u64) {

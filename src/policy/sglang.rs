@@ -98,6 +98,11 @@ impl SglangCacheAware {
         x ^ (x >> 31)
     }
 
+    /// Milliseconds from the policy's creation to `now` (the tree's recency stamps).
+    fn ms_since_origin(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
     /// [`Policy::rank`] at `now`.
     pub fn rank_at(
         &self,
@@ -108,7 +113,7 @@ impl SglangCacheAware {
         let n = candidates.len();
         let blocks = &request.prefix_blocks[..];
         let block_tokens = u64::from(request.block_size_tokens.max(1));
-        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        let now_ms = self.ms_since_origin(now);
         let loads: Vec<u64> = candidates
             .iter()
             .map(|c| c.load.in_flight_requests)
@@ -207,14 +212,11 @@ impl Policy for SglangCacheAware {
     }
 
     fn record_rest(&self, endpoint: SocketAddr, blocks: &[u64], block_size_tokens: u32) {
-        let now_ms = Instant::now()
-            .saturating_duration_since(self.origin)
-            .as_millis() as u64;
-        let mut state = self.state.lock();
-        if let Some(t) = state.tree.tenant(endpoint) {
-            let block_tokens = u64::from(block_size_tokens.max(1));
-            state.tree.insert(blocks, t, block_tokens, now_ms);
-        }
+        let now_ms = self.ms_since_origin(Instant::now());
+        self.state
+            .lock()
+            .tree
+            .insert_for(endpoint, blocks, block_size_tokens, now_ms);
     }
 }
 

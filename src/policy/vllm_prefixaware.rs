@@ -46,6 +46,25 @@ struct State {
     qps: QpsMeter,
 }
 
+impl State {
+    /// Inserts a prompt sent to `address` into the trie, clearing the trie first when it would
+    /// pass `max_blocks` (the production stack's safety bound).
+    fn learn(
+        &mut self,
+        address: SocketAddr,
+        blocks: &[u64],
+        block_size_tokens: u32,
+        now_ms: u64,
+        max_blocks: usize,
+    ) {
+        if self.trie.len() + blocks.len() > max_blocks {
+            self.trie.clear();
+        }
+        self.trie
+            .insert_for(address, blocks, block_size_tokens, now_ms);
+    }
+}
+
 impl VllmPrefixAware {
     /// The policy with `config.vllm_prefixaware`, an empty trie.
     pub fn new(config: &PolicyConfig) -> VllmPrefixAware {
@@ -97,12 +116,13 @@ impl VllmPrefixAware {
         } else {
             matched[pick_random(matched.len())]
         };
-        if let Some(t) = state.trie.tenant(candidates[pick].address) {
-            if state.trie.len() + blocks.len() > self.config.max_blocks {
-                state.trie.clear();
-            }
-            state.trie.insert(blocks, t, block_tokens, now_ms);
-        }
+        state.learn(
+            candidates[pick].address,
+            blocks,
+            request.block_size_tokens,
+            now_ms,
+            self.config.max_blocks,
+        );
         state.qps.record(now, candidates[pick].address);
         drop(state);
 
@@ -145,14 +165,13 @@ impl Policy for VllmPrefixAware {
         let now_ms = Instant::now()
             .saturating_duration_since(self.origin)
             .as_millis() as u64;
-        let mut state = self.state.lock();
-        if let Some(t) = state.trie.tenant(endpoint) {
-            if state.trie.len() + blocks.len() > self.config.max_blocks {
-                state.trie.clear();
-            }
-            let block_tokens = u64::from(block_size_tokens.max(1));
-            state.trie.insert(blocks, t, block_tokens, now_ms);
-        }
+        self.state.lock().learn(
+            endpoint,
+            blocks,
+            block_size_tokens,
+            now_ms,
+            self.config.max_blocks,
+        );
     }
 }
 

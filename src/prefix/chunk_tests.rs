@@ -122,33 +122,11 @@ fn a_repeated_start_of_one_long_message_comes_from_the_cache() {
 }
 
 /// A deadline that passes while a single long message is tokenized stops it at a chunk
-/// boundary: the ids are an exact prefix, not all or nothing.
+/// boundary: the ids are an exact prefix, not all or nothing. As routing calls it, the rest is
+/// kept as deferred text: finished after the decision, it gives the whole prompt's ids, so the
+/// pick is predicted to hold all of it.
 #[test]
-fn the_deadline_stops_between_chunks_of_one_message() {
-    let t = load(&fixture_dir(), 0);
-    let text = prose(3, 30_000);
-    let messages = user(&text);
-    let full = t.tokenize_chat(&messages).unwrap();
-    let gone = Instant::now() - Duration::from_millis(1);
-    let rendered = t.render_for_test(&messages).unwrap();
-    let partial = t
-        .tokenize_inner_for_test(&rendered, true, Some(gone), &[])
-        .unwrap();
-    assert!(partial.deadline_cut && partial.truncated);
-    // The first piece (the template's head and the first chunk) is always tokenized.
-    assert!(
-        !partial.ids.is_empty() && partial.ids.len() * 3 < full.ids.len(),
-        "{} of {} ids",
-        partial.ids.len(),
-        full.ids.len()
-    );
-    assert_eq!(partial.ids[..], full.ids[..partial.ids.len()]);
-}
-
-/// As routing calls it, a deadline cut keeps the rest as deferred text: finished after the
-/// decision, it gives the whole prompt's ids, so the pick is predicted to hold all of it.
-#[test]
-fn a_deadline_cut_leaves_the_rest_for_after_the_decision() {
+fn a_deadline_stops_between_chunks_and_leaves_the_rest_for_after_the_decision() {
     let t = load(&fixture_dir(), 1 << 20);
     let text = prose(5, 30_000);
     let messages = user(&text);
@@ -166,11 +144,15 @@ fn a_deadline_cut_leaves_the_rest_for_after_the_decision() {
     let finished = t.tokenize_deferred(rest).unwrap();
     assert_eq!(finished.ids, whole.ids);
     assert!(!finished.truncated);
-    // Without deferral (explain, tests) nothing is kept.
+    // Without deferral (explain, tests) the same exact prefix, nothing kept. The first piece
+    // (the template's head and the first chunk) is always tokenized.
     let plain = t
         .tokenize_inner_for_test(&rendered, true, Some(gone), &[])
         .unwrap();
-    assert!(plain.deadline_cut && plain.deferred.is_none());
+    assert!(plain.deadline_cut && plain.truncated && plain.deferred.is_none());
+    assert_eq!(plain.ids, partial.ids);
+    assert!(!plain.ids.is_empty());
+    assert_eq!(plain.ids[..], whole.ids[..plain.ids.len()]);
 }
 
 proptest! {

@@ -93,15 +93,29 @@ impl PrefixIdentity {
     /// prefix so far), `tokens-deferred` (the prefix tokenized before new text; the rest is
     /// tokenized after the decision) or `bytes` (the byte estimate; [`Self::fallback`] says why).
     pub fn source(&self) -> &'static str {
+        PREFIX_SOURCES[self.source_index()]
+    }
+
+    /// [`Self::source`] as its index in [`PREFIX_SOURCES`] (a metric's handle, no lookup).
+    pub fn source_index(&self) -> usize {
         match (self.fallback, self.deadline_cut, self.truncated) {
-            (Some(_), _, _) => "bytes",
-            (None, true, _) => "tokens-partial",
-            _ if self.deferred.is_some() => "tokens-deferred",
-            (None, false, true) => "tokens-capped",
-            (None, false, false) => "tokens",
+            (Some(_), _, _) => 4,
+            (None, true, _) => 2,
+            _ if self.deferred.is_some() => 3,
+            (None, false, true) => 1,
+            (None, false, false) => 0,
         }
     }
 }
+
+/// Every [`PrefixIdentity::source`], in [`PrefixIdentity::source_index`] order.
+pub const PREFIX_SOURCES: [&str; 5] = [
+    "tokens",
+    "tokens-capped",
+    "tokens-partial",
+    "tokens-deferred",
+    "bytes",
+];
 
 /// Why a prompt's identity is a byte estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

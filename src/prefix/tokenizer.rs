@@ -357,14 +357,28 @@ impl ModelTokenizer {
         } else {
             Vec::new()
         };
-        let defer = defer_after.filter(|_| media.is_empty() && self.segments_verified);
-        let tokenized = self.tokenize_inner(
-            &text,
-            false,
-            self.segments_verified,
-            Limits { deadline, defer },
-            &media,
-        )?;
+        let limits = Limits {
+            deadline,
+            defer: defer_after,
+        };
+        self.tokenize_rendered(text, limits, &media)
+    }
+
+    /// Tokenizes a rendered chat (`text`), with the text left for later attached when
+    /// tokenizing stopped early for `limits.defer` (not with media or without segments).
+    fn tokenize_rendered(
+        &self,
+        text: String,
+        limits: Limits,
+        media: &[MediaAt],
+    ) -> Result<PromptTokens, PrefixError> {
+        let limits = Limits {
+            defer: limits
+                .defer
+                .filter(|_| media.is_empty() && self.segments_verified),
+            ..limits
+        };
+        let tokenized = self.tokenize_inner(&text, false, self.segments_verified, limits, media)?;
         let from = tokenized.deferred_from;
         let mut tokens = PromptTokens::from(tokenized);
         tokens.deferred = from.map(|from| DeferredText { text, from });
@@ -433,7 +447,8 @@ impl ModelTokenizer {
         let mut pending: Vec<MediaAt> = media.to_vec();
         pending.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
         if segmented && !add_special_tokens {
-            for (start, end) in self.pieces(text, self.chunk_bytes) {
+            let chunk_bytes = Some(self.chunk_bytes).filter(|&b| b > 0 && self.chunks_verified);
+            for (start, end) in self.pieces(text, chunk_bytes) {
                 if ids.len() >= cap {
                     break;
                 }
@@ -573,14 +588,7 @@ impl ModelTokenizer {
             deadline,
             defer: Some(defer),
         };
-        let tokenized = self.tokenize_inner(text, false, true, limits, &[])?;
-        let from = tokenized.deferred_from;
-        let mut tokens = PromptTokens::from(tokenized);
-        tokens.deferred = from.map(|from| DeferredText {
-            text: text.to_string(),
-            from,
-        });
-        Ok(tokens)
+        self.tokenize_rendered(text.to_string(), limits, &[])
     }
 
     /// Tokenizes an already rendered chat (tests).
@@ -666,13 +674,13 @@ impl ModelTokenizer {
     }
 
     /// The segments of `text` ([`Self::segments`]), each long one cut in chunks of at least
-    /// `chunk_bytes` at [`chunk_cut`]s when chunks are verified.
-    fn pieces(&self, text: &str, chunk_bytes: usize) -> Vec<(usize, usize)> {
+    /// `chunk_bytes` at [`chunk_cut`]s (`None`: not cut).
+    fn pieces(&self, text: &str, chunk_bytes: Option<usize>) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
         for (start, end) in self.segments(text) {
             let mut at = start;
-            if self.chunks_verified && chunk_bytes > 0 {
-                while let Some(cut) = chunk_cut(text.as_bytes(), at + chunk_bytes, end) {
+            if let Some(bytes) = chunk_bytes {
+                while let Some(cut) = chunk_cut(text.as_bytes(), at + bytes, end) {
                     out.push((at, cut));
                     at = cut;
                 }
@@ -689,24 +697,16 @@ impl ModelTokenizer {
         probes.push(CHUNK_PROBE.to_string());
         let mut cuts = 0;
         let agree = probes.iter().all(|text| {
-            let whole = self.encode(text, false);
+            let pieces = self.pieces(text, Some(1));
+            cuts += pieces.len() - self.segments(text).count();
             let mut by_chunks = Vec::new();
-            for (s, e) in self.segments(text) {
-                let mut at = s;
-                loop {
-                    let next = chunk_cut(text.as_bytes(), at + 1, e).unwrap_or(e);
-                    match self.encode(&text[at..next], false) {
-                        Ok(ids) => by_chunks.extend(ids),
-                        Err(_) => return false,
-                    }
-                    if next == e {
-                        break;
-                    }
-                    cuts += 1;
-                    at = next;
+            for (s, e) in pieces {
+                match self.encode(&text[s..e], false) {
+                    Ok(ids) => by_chunks.extend(ids),
+                    Err(_) => return false,
                 }
             }
-            whole.is_ok_and(|w| w == by_chunks)
+            self.encode(text, false).is_ok_and(|w| w == by_chunks)
         });
         agree && cuts > 0
     }

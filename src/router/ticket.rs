@@ -346,7 +346,7 @@ pub(super) fn commit(
     tables
         .metrics
         .cache
-        .record_prefix_source(plan.prefix.source());
+        .record_prefix_source(plan.prefix.source_index());
     if plan.stale_signals() {
         tables.metrics.signals.record_stale_decision(plan.policy);
     }

@@ -10,6 +10,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use crate::prefix::PREFIX_SOURCES;
+
 /// `policy`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabels {
@@ -33,16 +35,6 @@ struct ResultLabels {
 struct PrefixSourceLabels {
     prefix_source: &'static str,
 }
-
-/// The prefix identities a decision can be made on ([`crate::prefix::PrefixIdentity::source`]),
-/// in the order of [`CacheMetrics`]' handles.
-pub const PREFIX_SOURCES: [&str; 5] = [
-    "tokens",
-    "tokens-capped",
-    "tokens-partial",
-    "tokens-deferred",
-    "bytes",
-];
 
 /// The cache metrics of routed decisions (registered under `kvrouter_`).
 #[derive(Debug)]
@@ -132,14 +124,12 @@ impl CacheMetrics {
             .inc();
     }
 
-    /// Counts a decision made on a prompt identity of `source` (one of [`PREFIX_SOURCES`];
-    /// another is counted as `bytes`, the least exact).
-    pub fn record_prefix_source(&self, source: &str) {
-        let i = PREFIX_SOURCES
-            .iter()
-            .position(|&s| s == source)
-            .unwrap_or(PREFIX_SOURCES.len() - 1);
-        self.by_prefix_source[i].inc();
+    /// Counts a decision made on the prompt identity of index `source`
+    /// ([`crate::prefix::PrefixIdentity::source_index`]).
+    pub fn record_prefix_source(&self, source: usize) {
+        if let Some(c) = self.by_prefix_source.get(source) {
+            c.inc();
+        }
     }
 
     /// Counts a deferred tokenizing that finished (`true`) or whose text the tokenizer refused.
@@ -165,9 +155,9 @@ mod tests {
         m.record("predicted-ttft", "events", 100, 64);
         m.record("predicted-ttft", "predictions", 50, 80);
         m.record_deferred(true);
-        m.record_prefix_source("tokens-partial");
-        m.record_prefix_source("tokens-partial");
-        m.record_prefix_source("bytes");
+        m.record_prefix_source(2);
+        m.record_prefix_source(2);
+        m.record_prefix_source(4);
         let mut text = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
         for line in [
