@@ -5,6 +5,8 @@
 //!
 //! Modules in dependency order: each uses only modules above it (no cycles).
 //!
+//! - [`budget`]: the process-wide byte budgets (buffered request bodies, work queued after
+//!   decisions): one share per holder, given back when dropped.
 //! - [`config`]: the YAML schema, defaults, validation with field paths, hot reload.
 //! - [`request`]: OpenAI body parsing (completions, chat, embeddings) with typed errors.
 //! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
@@ -36,7 +38,7 @@
 //!   global `tracing` subscriber (logs, plus the OTLP exporter when `tracing.enabled`).
 //! - [`extproc`]: the Envoy ext_proc stream state machine and Envoy message building; it
 //!   translates messages into decisions and response facts and scores nothing. Also the
-//!   process-wide buffered-body budget and the tenant's `cache_salt` written into bodies.
+//!   tenant's `cache_salt` written into bodies.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/*`, through the router's read-only
 //!   view.
 //! - [`api`]: kvrouter's own gRPC API (`kvrouter.v1`: explain, decision stream, endpoints,
@@ -48,6 +50,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod discovery;

@@ -51,24 +51,24 @@ async fn buffered_bodies_share_one_budget() {
         })
     };
 
-    // Until the holder's bytes reach the router a second body fits; then it must not.
-    let refused = eventually(
-        "a second large body to be refused while the first is held",
+    // Wait until the holder's bytes are all held by the router (a probe sent earlier could
+    // take the budget first and get the HOLDER refused), then a second body must not fit.
+    let head_len = head.len() as f64;
+    eventually(
+        "the holder's sent bytes to be held by the router",
         Duration::from_secs(20),
         || async {
-            let r = stack
-                .post("/v1/completions", big_body(500_000, "secret-other"))
-                .await;
-            assert!(
-                r.status == 200 || r.status == 503,
-                "only served or refused: {} {}",
-                r.status,
-                r.body
-            );
-            (r.status == 503).then_some(r)
+            let held = router_metrics(stack.router.admin)
+                .await
+                .sum("kvrouter_buffered_body_bytes");
+            (held >= head_len).then_some(())
         },
     )
     .await;
+    let refused = stack
+        .post("/v1/completions", big_body(500_000, "secret-other"))
+        .await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
     assert_eq!(refused.retry_after.as_deref(), Some("1"), "{refused:?}");
     let error: serde_json::Value = serde_json::from_str(&refused.body).expect("JSON error body");
     assert_eq!(error["error"]["code"], 503, "{}", refused.body);
@@ -96,6 +96,10 @@ async fn buffered_bodies_share_one_budget() {
         again.body
     );
     assert_in_flight_drains(stack.router.admin).await;
+    let held = router_metrics(stack.router.admin)
+        .await
+        .sum("kvrouter_buffered_body_bytes");
+    assert_eq!(held, 0.0, "every body's share given back");
 }
 
 /// A client-chosen `x-request-id` shared by two requests: each decision is kept whole under its

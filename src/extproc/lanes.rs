@@ -93,68 +93,6 @@ fn lower_priority() -> bool {
     false
 }
 
-/// Most bytes of rendered prompts that work queued after decisions (the rest of a prompt
-/// decided on its prefix) may hold at once. Such work outlives its request, so nothing else
-/// bounds it: a flood of long bodies cut by the prefix budget would otherwise queue a rendered
-/// copy of each behind the heavy lane. Past it, the rest is dropped (its prefix stays
-/// predicted; `kvrouter_deferred_tokenizings_total{result="dropped"}`).
-pub(crate) const MAX_HELD_BYTES: usize = 256 << 20;
-
-/// A budget of bytes held by queued work.
-#[derive(Debug)]
-pub(crate) struct HeldBudget {
-    used: std::sync::atomic::AtomicUsize,
-    max: usize,
-}
-
-/// Bytes taken from a [`HeldBudget`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct Held {
-    budget: &'static HeldBudget,
-    bytes: usize,
-}
-
-impl HeldBudget {
-    /// An empty budget of `max` bytes.
-    pub(crate) const fn new(max: usize) -> HeldBudget {
-        HeldBudget {
-            used: std::sync::atomic::AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Takes `bytes` if they fit.
-    pub(crate) fn hold(&'static self, bytes: usize) -> Option<Held> {
-        use std::sync::atomic::Ordering;
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&u| u <= self.max)
-            })
-            .ok()?;
-        Some(Held {
-            budget: self,
-            bytes,
-        })
-    }
-
-    /// Bytes held now.
-    #[cfg(test)]
-    pub(crate) fn used(&self) -> usize {
-        self.used.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.budget
-            .used
-            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-/// The process's budget for work queued after decisions ([`MAX_HELD_BYTES`]).
-pub(crate) static AFTER_DECISION: HeldBudget = HeldBudget::new(MAX_HELD_BYTES);
-
 /// Runs `job` in the heavy lane when `heavy`, else in the light lane; `None` if it could not run
 /// to the end (the runtime or the heavy threads are gone).
 pub(crate) async fn run<T: Send + 'static>(
@@ -181,22 +119,6 @@ pub(crate) async fn run<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn held_bytes_fit_the_budget_and_come_back_when_dropped() {
-        static BUDGET: HeldBudget = HeldBudget::new(100);
-        let a = BUDGET.hold(60).expect("fits");
-        let b = BUDGET.hold(40).expect("fits exactly");
-        assert!(BUDGET.hold(1).is_none(), "full");
-        assert_eq!(BUDGET.used(), 100);
-        drop(a);
-        assert_eq!(BUDGET.used(), 40);
-        assert!(BUDGET.hold(61).is_none());
-        let c = BUDGET.hold(60).expect("room again");
-        drop((b, c));
-        assert_eq!(BUDGET.used(), 0);
-        assert!(BUDGET.hold(usize::MAX).is_none(), "no overflow");
-    }
 
     #[tokio::test]
     async fn both_lanes_run_jobs_and_return_their_results() {

@@ -9,7 +9,6 @@
 //! Envoy's next message and runs the stream's state machine inline, so a message costs one
 //! task wake-up (tonic's), not three.
 
-mod budget;
 mod codec;
 mod divert;
 pub mod envoy;

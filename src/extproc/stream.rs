@@ -47,12 +47,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 
-use super::budget;
 use super::envoy::{self, Slot};
 use super::inflight::InflightTable;
 use super::lanes;
 use super::reject::Rejection;
 use super::salt;
+use crate::budget;
 use crate::flow;
 use crate::otel::{DecisionSpan, RemoteParent};
 use crate::request::{self, ApiKind};
@@ -104,7 +104,7 @@ struct Pending {
     /// Total bytes in `chunks`.
     len: usize,
     /// The body's share of the process-wide buffered-body budget.
-    held: budget::HeldBody,
+    held: budget::Held,
     /// The gateway's trace context, kept only while tracing is on.
     trace: Option<RemoteParent>,
 }
@@ -205,7 +205,7 @@ pub struct Stream {
     /// A long message's bytes, charged to the body budget when it came off the wire (before it
     /// waited for the heavy lane to decode it): its body takes the charge over, the rest is
     /// given back once the message is handled.
-    prepaid: budget::HeldBody,
+    prepaid: budget::Held,
 }
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
@@ -235,7 +235,7 @@ impl Stream {
             observe_only: false,
             request_id: String::new(),
             outcome: Outcome::Cancelled,
-            prepaid: budget::HeldBody::default(),
+            prepaid: budget::BUFFERED_BODIES.empty(),
         }
     }
 
@@ -298,7 +298,7 @@ impl Stream {
             }
         };
         // What a long message's body did not take over (its framing) is given back now.
-        self.prepaid = budget::HeldBody::default();
+        self.prepaid = budget::BUFFERED_BODIES.empty();
         if self.observe_only {
             Vec::new()
         } else {
@@ -335,7 +335,7 @@ impl Stream {
             flow,
             chunks: Vec::new(),
             len: 0,
-            held: Default::default(),
+            held: budget::BUFFERED_BODIES.empty(),
             trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
         if h.end_of_stream {
@@ -398,7 +398,7 @@ impl Stream {
                 tenant,
                 chunks: Vec::new(),
                 len: 0,
-                held: Default::default(),
+                held: budget::BUFFERED_BODIES.empty(),
                 trace: RemoteParent::capture(|name| envoy::header_attribute(attributes, name)),
             });
         }
@@ -565,7 +565,8 @@ impl Stream {
                     // prefix, or what the prefix budget left): tokenized and predicted on the
                     // pick once the reply is on its way, in the lane the body's size calls for.
                     let heavy = pending.len > pending.state.config.routing.heavy_body_bytes;
-                    match lanes::AFTER_DECISION.hold(rest.held_bytes()) {
+                    match budget::AFTER_DECISION.hold(rest.held_bytes(), budget::AFTER_DECISION_MAX)
+                    {
                         Some(held) => {
                             tokio::spawn(lanes::run(heavy, move || {
                                 rest.finish();

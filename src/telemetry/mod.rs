@@ -102,6 +102,8 @@ pub struct Metrics {
     endpoint_prefill_tokens: Family<EndpointLabels, Gauge>,
     endpoint_ids: Family<IdStateLabels, Gauge>,
     endpoint_ids_reclaimed: Counter,
+    /// [`crate::budget`]'s totals, read at scrape time: buffered bodies, after-decision work.
+    held_bytes: [Gauge; 2],
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
     /// Matched-token share and cache source of routed decisions.
@@ -209,6 +211,19 @@ impl Metrics {
             "Endpoint ids freed for reuse after their endpoint left for good",
             endpoint_ids_reclaimed.clone(),
         );
+        let held_bytes = [Gauge::default(), Gauge::default()];
+        registry.register(
+            "buffered_body_bytes",
+            "Request body bytes held by all streams while they arrive and are decided on \
+             (bounded by routing.max_buffered_body_bytes; past it, 503 with retry-after)",
+            held_bytes[0].clone(),
+        );
+        registry.register(
+            "after_decision_held_bytes",
+            "Rendered prompt bytes held by tokenizing queued after decisions (bounded at 256 MiB; \
+             past it, kvrouter_deferred_tokenizings_total{result=\"dropped\"})",
+            held_bytes[1].clone(),
+        );
         let signals = SignalMetrics::register(&mut registry);
         let cache = CacheMetrics::register(&mut registry);
         let sharing = SharingMetrics::register(&mut registry);
@@ -230,6 +245,7 @@ impl Metrics {
             endpoint_prefill_tokens,
             endpoint_ids,
             endpoint_ids_reclaimed,
+            held_bytes,
             endpoint_series: EndpointSeries::default(),
             scrape_lock: Mutex::new(()),
         }
@@ -350,6 +366,12 @@ impl Metrics {
             self.endpoint_prefill_tokens
                 .get_or_create(&labels)
                 .set(load.in_flight_prefill_tokens as i64);
+        }
+        for (gauge, budget) in self.held_bytes.iter().zip([
+            &crate::budget::BUFFERED_BODIES,
+            &crate::budget::AFTER_DECISION,
+        ]) {
+            gauge.set(i64::try_from(budget.used()).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         // Writing to a String cannot fail.
