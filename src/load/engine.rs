@@ -64,6 +64,20 @@ pub enum EngineSignal {
 }
 
 impl EngineSignal {
+    /// `fresh`, `stale` or `missing` for a sample scraped at `scraped_at` (None: never), as of
+    /// `now`, without building the signal.
+    pub fn state_of(
+        scraped_at: Option<Instant>,
+        now: Instant,
+        staleness: Duration,
+    ) -> &'static str {
+        match scraped_at {
+            None => "missing",
+            Some(at) if now.saturating_duration_since(at) <= staleness => "fresh",
+            Some(_) => "stale",
+        }
+    }
+
     /// The fresh sample, if any.
     pub fn fresh(&self) -> Option<&EngineSample> {
         match self {
@@ -97,6 +111,12 @@ impl EngineState {
     /// The last sample, however old.
     pub fn last(&self) -> Option<Arc<EngineSample>> {
         self.last.load_full()
+    }
+
+    /// The last sample, borrowed without touching its reference count (a decision reads every
+    /// candidate's; hold the guard briefly).
+    pub fn peek(&self) -> arc_swap::Guard<Option<Arc<EngineSample>>> {
+        self.last.load()
     }
 
     /// The signal as of `now`: fresh if scraped at most `staleness` ago.
@@ -160,8 +180,28 @@ mod tests {
                 age: Duration::from_millis(2001)
             }
         );
+        // The decision's borrowed read says the same as the signal, at every point.
+        let at = Some(Instant::now() - Duration::from_millis(2001));
+        assert_eq!(
+            EngineSignal::state_of(at, Instant::now(), threshold),
+            "stale"
+        );
+        let at = state.peek().as_deref().map(|s| s.scraped_at);
+        assert_eq!(
+            EngineSignal::state_of(at, Instant::now(), threshold),
+            state.signal(Instant::now(), threshold).as_str()
+        );
+        assert_eq!(
+            EngineSignal::state_of(None, Instant::now(), threshold),
+            "missing"
+        );
         // A new scrape makes it fresh again.
         state.store(sample(7, Instant::now()));
+        let at = state.peek().as_deref().map(|s| s.scraped_at);
+        assert_eq!(
+            EngineSignal::state_of(at, Instant::now(), threshold),
+            "fresh"
+        );
         assert_eq!(
             state
                 .signal(Instant::now(), threshold)

@@ -123,33 +123,36 @@ fn router_load(s: LoadSnapshot) -> RouterLoad {
 pub(super) struct EngineView {
     /// Whether its engine is scraped under the config.
     pub(super) scraped: bool,
-    pub(super) signal: EngineSignal,
+    /// Its signal: `fresh`, `stale` or `missing` ([`EngineSignal::state_of`]).
+    pub(super) signal: &'static str,
     /// Its load, when the signal is fresh.
     pub(super) load: Option<EngineLoad>,
     /// Ms since its last sample, if there is one.
     pub(super) age_ms: Option<u64>,
 }
 
-/// `ep`'s engine under `config` at `now`, from one load of its last sample (this runs for
-/// every candidate of every decision).
+/// `ep`'s engine under `config` at `now`, from one borrowed read of its last sample (this runs
+/// for every candidate of every decision: no reference count is touched).
 pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: tokio::time::Instant) -> EngineView {
     let scrape = &config.load.scrape;
     let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-    let last = ep.load.engine.last();
-    let age_ms = last
-        .as_ref()
-        .map(|s| now.saturating_duration_since(s.scraped_at).as_millis() as u64);
-    let signal = EngineSignal::of(last, now, Duration::from_millis(scrape.staleness_ms));
-    let load = signal.fresh().filter(|_| scraped).map(|s| EngineLoad {
-        waiting_requests: s.waiting_requests,
-        running_requests: s.running_requests,
-        kv_cache_usage: s.kv_cache_usage,
-    });
+    let last = ep.load.engine.peek();
+    let last = last.as_deref();
+    let scraped_at = last.map(|s| s.scraped_at);
+    let signal =
+        EngineSignal::state_of(scraped_at, now, Duration::from_millis(scrape.staleness_ms));
+    let load = last
+        .filter(|_| scraped && signal == "fresh")
+        .map(|s| EngineLoad {
+            waiting_requests: s.waiting_requests,
+            running_requests: s.running_requests,
+            kv_cache_usage: s.kv_cache_usage,
+        });
     EngineView {
         scraped,
         signal,
         load,
-        age_ms,
+        age_ms: scraped_at.map(|at| now.saturating_duration_since(at).as_millis() as u64),
     }
 }
 
@@ -332,6 +335,9 @@ pub(crate) fn plan(
     let learning = &config.load.learning;
     let mut signals = Vec::with_capacity(eligible.len());
     let mut candidates = Vec::with_capacity(eligible.len());
+    // Candidates come pool by pool: the tiers are looked up once per run of one pool (a hash
+    // and a copy per candidate were a tenth of a decision at 256 endpoints).
+    let mut pool_tiers: Option<(&str, KvTiersConfig)> = None;
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
         // One load of the engine sample, one lock of what was learned: this runs for every
         // candidate.
@@ -348,7 +354,7 @@ pub(crate) fn plan(
         let cpu_learned = learned.cpu_load_bytes_per_s;
         signals.push(CandidateSignals {
             engine: if engine.scraped {
-                engine.signal.as_str()
+                engine.signal
             } else {
                 "not-scraped"
             },
@@ -378,7 +384,10 @@ pub(crate) fn plan(
                 m,
                 block,
                 prefix.tokens,
-                &state.kv_tiers(&ep.pool),
+                match pool_tiers {
+                    Some((pool, ref tiers)) if pool == &*ep.pool => tiers,
+                    _ => &pool_tiers.insert((&ep.pool, state.kv_tiers(&ep.pool))).1,
+                },
                 cpu_learned,
                 kv_bytes_per_token,
             ),
