@@ -22,11 +22,22 @@
 //! transfer and then for the engine's next step to notice it: on the offload benchmark at
 //! 20 GB/s, such samples, a few hundred computed tokens over a step's wait, dragged three
 //! identical A100-class replicas' learned speeds to 9.4k-14.8k tokens/s where the same traffic
-//! priced with the flat weight learned 26k-31k, and the slow-looking replicas were avoided). Samples are
-//! clamped to `[min_prefill_tokens_per_s, max_prefill_tokens_per_s]` and averaged (EWMA, `alpha`);
-//! the learned speed replaces the configured one after `min_samples` samples. Small requests
-//! still understate the speed somewhat (their fixed costs are in the denominator); that bias is
-//! the same on every endpoint of the same hardware, so it does not skew the choice between them.
+//! priced with the flat weight learned 26k-31k, and the slow-looking replicas were avoided). A
+//! sample's time is clamped so that its speed lies in `[min_prefill_tokens_per_s,
+//! max_prefill_tokens_per_s]`; the learned speed is the ratio of the moving averages (EWMA,
+//! `alpha`) of work and time, `avg(work) / avg(ttft - fixed)`, and replaces the configured one
+//! after `min_samples` samples. Small requests still understate the speed somewhat (their fixed
+//! costs are in the denominator); that bias is the same on every endpoint of the same hardware,
+//! so it does not skew the choice between them.
+//!
+//! A ratio of averages, not an average of ratios: one TTFT includes up to one engine step of
+//! waiting for the step in progress to end (~0.2 s on an A100 with a 2k-token chunk), so one
+//! sample's speed is off by up to ~2x either way, and the average of such ratios is biased
+//! upwards (Jensen) and noisy. On four identical simulated A100s (kvbench, unique 2000-token
+//! prompts at 10 req/s, 2026-12-03) the average of ratios learned speeds up to 50% apart
+//! between the four, and the cost model sent more work to the replicas that looked faster.
+//! Averaging work and time apart weights each sample by how long it measured, where that jitter
+//! is smallest relative to the wait.
 //!
 //! The **TTFT residual** is `ttft - predicted`, over every served request, where `predicted` is
 //! the cost model's prediction without the residual itself. It captures what the router cannot
@@ -89,11 +100,25 @@ pub struct LearnedSnapshot {
 
 #[derive(Debug, Default)]
 struct State {
-    speed: Ewma,
+    /// Prefill work of the speed samples, tokens (averaged).
+    speed_work: Ewma,
+    /// Prefill time of the speed samples, seconds (averaged, clamped per sample).
+    speed_secs: Ewma,
     /// Fades between samples (`residual_half_life_ms`).
     residual: Ewma,
     /// CPU tier load bandwidth, bytes per second.
     cpu_load: Ewma,
+}
+
+impl State {
+    /// The learned prefill speed (ratio of the averages), once `min_samples` were taken.
+    fn speed(&self, cfg: &LearningConfig) -> Option<f64> {
+        let secs = self.speed_secs.trusted(cfg.min_samples)?;
+        (secs > 0.0).then(|| {
+            (self.speed_work.value() / secs)
+                .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s)
+        })
+    }
 }
 
 /// A CPU-tier bandwidth sample needs at least this many bytes loaded between two scrapes
@@ -136,21 +161,28 @@ impl Learned {
         let mut out = Observed::default();
         let prefill_ms = ttft_ms - ctx.fixed_ms;
         let queued_for_slot = ctx.engine_waiting.is_some_and(|w| w > 0);
+        let mut speed_sample = None;
         if ctx.work_tokens >= cfg.min_sample_tokens.max(1)
             && prefill_ms > 0.0
             && !queued_for_slot
             && !ctx.tier_load
         {
-            let speed = (ctx.work_tokens as f64 / (prefill_ms / 1e3))
-                .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s);
-            out.speed_tokens_per_s = Some(speed);
+            // The time clamped so that the sample's speed stays within the configured bounds.
+            let work = ctx.work_tokens as f64;
+            let secs = (prefill_ms / 1e3).clamp(
+                work / cfg.max_prefill_tokens_per_s,
+                work / cfg.min_prefill_tokens_per_s,
+            );
+            speed_sample = Some((work, secs));
+            out.speed_tokens_per_s = Some(work / secs);
         }
         if cfg.ttft_residual && ctx.predicted_ms.is_finite() {
             out.residual_ms = Some(ttft_ms - ctx.predicted_ms);
         }
         let mut s = self.state.lock();
-        if let Some(speed) = out.speed_tokens_per_s {
-            s.speed.add(speed, cfg.alpha);
+        if let Some((work, secs)) = speed_sample {
+            s.speed_work.add(work, cfg.alpha);
+            s.speed_secs.add(secs, cfg.alpha);
         }
         if let Some(residual) = out.residual_ms {
             s.residual
@@ -164,7 +196,7 @@ impl Learned {
         if !cfg.enabled {
             return None;
         }
-        self.state.lock().speed.trusted(cfg.min_samples)
+        self.state.lock().speed(cfg)
     }
 
     /// The residual to add to predictions at `now`, ms: decayed, clamped to
@@ -195,7 +227,7 @@ impl Learned {
             0.0
         };
         ForDecision {
-            prefill_tokens_per_s: s.speed.trusted(cfg.min_samples),
+            prefill_tokens_per_s: s.speed(cfg),
             ttft_residual_ms,
             cpu_load_bytes_per_s: s.cpu_load.trusted(cfg.min_samples),
         }
@@ -228,7 +260,7 @@ impl Learned {
     pub fn snapshot(&self, cfg: &LearningConfig, now: Instant) -> LearnedSnapshot {
         let (speed_samples, residual_samples) = {
             let s = self.state.lock();
-            (s.speed.samples(), s.residual.samples())
+            (s.speed_secs.samples(), s.residual.samples())
         };
         LearnedSnapshot {
             prefill_tokens_per_s: self.prefill_tokens_per_s(cfg),
@@ -273,6 +305,21 @@ mod tests {
         }
         let speed = learned.prefill_tokens_per_s(&cfg).expect("trusted");
         assert!((speed - real).abs() < 1.0, "{speed}");
+    }
+
+    /// Each first byte also waits for the engine step in progress: a 2,000-token prefill of
+    /// 200 ms shows as 100 to 300 ms. The average of the samples' speeds would learn ~13.3k
+    /// tokens/s (20k and 6.7k alternately); the ratio of the averages learns the 10k.
+    #[tokio::test(start_paused = true)]
+    async fn step_jitter_does_not_inflate_the_learned_speed() {
+        let cfg = LearningConfig::default();
+        let learned = Learned::default();
+        for i in 0..200u64 {
+            let ttft = 5.0 + if i % 2 == 0 { 100.0 } else { 300.0 };
+            learned.observe(&ctx(2000, ttft), ttft, &cfg, Instant::now());
+        }
+        let speed = learned.prefill_tokens_per_s(&cfg).expect("trusted");
+        assert!((speed - 10_000.0).abs() < 1_000.0, "{speed}");
     }
 
     #[tokio::test(start_paused = true)]
