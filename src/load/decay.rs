@@ -3,8 +3,9 @@
 //! A value decays as `value × exp(−elapsed / time_constant)` ([`Decay`]); a half-life `h` is
 //! the time constant `h / ln 2`. Two quantities are built on it:
 //!
-//! - [`Ewma`]: a moving average of samples (`value ← value + alpha × (sample − value)`, the
-//!   first sample taken as is) that can also fade toward zero between samples (the learned
+//! - [`Ewma`]: a moving average of samples (`value ← value + w × (sample − value)` with
+//!   `w = max(alpha, 1 / n)` for the n-th sample: the first `1 / alpha` samples are averaged
+//!   evenly, so an early value is their mean rather than mostly the first sample) that can also fade toward zero between samples (the learned
 //!   TTFT residual: an endpoint that stopped getting traffic because it looked slow is tried
 //!   again). With [`Decay::NEVER`] it is a plain per-sample EWMA (the learned prefill speed).
 //! - [`Rate`]: events per second, each event adding `1 / time_constant` to a value that decays:
@@ -83,19 +84,17 @@ pub struct Ewma {
 }
 
 impl Ewma {
-    /// Adds a sample with weight `alpha` (0 < alpha <= 1), without time decay. The first
-    /// sample is taken as is. Non-finite samples are ignored.
+    /// Adds a sample with weight `alpha` (0 < alpha <= 1), without time decay; the n-th sample
+    /// weighs at least `1 / n` (the first is taken as is, the first `1 / alpha` are averaged
+    /// evenly). Non-finite samples are ignored.
     pub fn add(&mut self, sample: f64, alpha: f64) {
         if !sample.is_finite() {
             return;
         }
-        let v = &mut self.value.value;
-        *v = if self.samples == 0 {
-            sample
-        } else {
-            *v + alpha * (sample - *v)
-        };
         self.samples += 1;
+        let weight = alpha.max(1.0 / self.samples as f64);
+        let v = &mut self.value.value;
+        *v += weight * (sample - *v);
     }
 
     /// Decays the average to `now`, then adds a sample as [`Self::add`] does.
@@ -200,6 +199,22 @@ mod tests {
         assert!(e.trusted(3).is_some());
         e.add(f64::NAN, 0.2);
         assert_eq!(e.samples(), 41, "NaN ignored");
+    }
+
+    #[test]
+    fn the_first_samples_are_averaged_evenly_until_alpha_takes_over() {
+        let mut e = Ewma::default();
+        for s in [100.0, 200.0, 300.0] {
+            e.add(s, 0.05);
+        }
+        assert!((e.value() - 200.0).abs() < 1e-9, "their mean: {}", e.value());
+        // Past 1 / alpha samples, a new one weighs alpha.
+        let mut e = Ewma::default();
+        for _ in 0..20 {
+            e.add(100.0, 0.05);
+        }
+        e.add(300.0, 0.05);
+        assert!((e.value() - 110.0).abs() < 1e-9, "{}", e.value());
     }
 
     #[test]
