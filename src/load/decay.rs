@@ -207,7 +207,11 @@ mod tests {
         for s in [100.0, 200.0, 300.0] {
             e.add(s, 0.05);
         }
-        assert!((e.value() - 200.0).abs() < 1e-9, "their mean: {}", e.value());
+        assert!(
+            (e.value() - 200.0).abs() < 1e-9,
+            "their mean: {}",
+            e.value()
+        );
         // Past 1 / alpha samples, a new one weighs alpha.
         let mut e = Ewma::default();
         for _ in 0..20 {
