@@ -197,7 +197,8 @@ fn chunked_fixture() -> &'static ModelTokenizer {
 }
 
 /// `models[].chunk_bytes` reaches the tokenizer: 0 turns chunks off (one segment per message
-/// again), a size cuts a long message about that often.
+/// again), a size cuts a long message about that often, and a size past any message (even the
+/// largest the config type allows) never cuts.
 #[test]
 fn chunk_bytes_comes_from_the_model_config() {
     let registry = |chunk_bytes: u64| {
@@ -214,7 +215,7 @@ fn chunk_bytes_comes_from_the_model_config() {
     };
     let text = prose(11, 20_000);
     let mut entries = Vec::new();
-    for chunk_bytes in [0, 4096, 1024] {
+    for chunk_bytes in [0, 4096, 1024, u64::MAX] {
         let reg = registry(chunk_bytes);
         let t = reg.tokenizer("m").unwrap();
         assert_eq!(t.uses_chunks(), chunk_bytes > 0);
@@ -226,4 +227,5 @@ fn chunk_bytes_comes_from_the_model_config() {
     assert!(base <= 4, "{entries:?}");
     assert!((base + 3..=base + 5).contains(&entries[1]), "{entries:?}");
     assert!((base + 17..=base + 21).contains(&entries[2]), "{entries:?}");
+    assert_eq!(entries[3], base, "{entries:?}");
 }

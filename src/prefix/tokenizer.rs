@@ -286,7 +286,12 @@ impl ModelTokenizer {
     /// check passed: the tokenizer splits words apart before merging, as byte-level BPE
     /// tokenizers such as Llama 3's and Qwen's do).
     pub fn uses_chunks(&self) -> bool {
-        self.chunks_verified && self.chunk_bytes > 0
+        self.chunk_size().is_some()
+    }
+
+    /// The least bytes between two chunk cuts, when long segments are cut at all.
+    fn chunk_size(&self) -> Option<usize> {
+        Some(self.chunk_bytes).filter(|&b| b > 0 && self.chunks_verified)
     }
 
     /// Cuts long segments every `bytes` or so instead of every [`CHUNK_BYTES`]
@@ -447,8 +452,7 @@ impl ModelTokenizer {
         let mut pending: Vec<MediaAt> = media.to_vec();
         pending.sort_unstable_by_key(|&(at, _)| std::cmp::Reverse(at));
         if segmented && !add_special_tokens {
-            let chunk_bytes = Some(self.chunk_bytes).filter(|&b| b > 0 && self.chunks_verified);
-            for (start, end) in self.pieces(text, chunk_bytes) {
+            for (start, end) in self.pieces(text, self.chunk_size()) {
                 if ids.len() >= cap {
                     break;
                 }
@@ -675,19 +679,22 @@ impl ModelTokenizer {
 
     /// The segments of `text` ([`Self::segments`]), each long one cut in chunks of at least
     /// `chunk_bytes` at [`chunk_cut`]s (`None`: not cut).
-    fn pieces(&self, text: &str, chunk_bytes: Option<usize>) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        for (start, end) in self.segments(text) {
-            let mut at = start;
-            if let Some(bytes) = chunk_bytes {
-                while let Some(cut) = chunk_cut(text.as_bytes(), at + bytes, end) {
-                    out.push((at, cut));
-                    at = cut;
-                }
-            }
-            out.push((at, end));
-        }
-        out
+    fn pieces<'t>(
+        &'t self,
+        text: &'t str,
+        chunk_bytes: Option<usize>,
+    ) -> impl Iterator<Item = (usize, usize)> + 't {
+        self.segments(text).flat_map(move |(start, end)| {
+            // From `at`: a chunk up to the next cut, else the segment's tail, then nothing.
+            let mut at = Some(start);
+            std::iter::from_fn(move || {
+                let from = at?;
+                let cut = chunk_bytes
+                    .and_then(|b| chunk_cut(text.as_bytes(), from.saturating_add(b), end));
+                at = cut;
+                Some((from, cut.unwrap_or(end)))
+            })
+        })
     }
 
     /// Tokenizes the probe texts whole and cut at every chunk cut; true when they agree (and
@@ -697,7 +704,7 @@ impl ModelTokenizer {
         probes.push(CHUNK_PROBE.to_string());
         let mut cuts = 0;
         let agree = probes.iter().all(|text| {
-            let pieces = self.pieces(text, Some(1));
+            let pieces: Vec<_> = self.pieces(text, Some(1)).collect();
             cuts += pieces.len() - self.segments(text).count();
             let mut by_chunks = Vec::new();
             for (s, e) in pieces {
