@@ -5,9 +5,10 @@
 //!
 //! - [`Ewma`]: a moving average of samples (`value ← value + w × (sample − value)` with
 //!   `w = max(alpha, 1 / n)` for the n-th sample: the first `1 / alpha` samples are averaged
-//!   evenly, so an early value is their mean rather than mostly the first sample) that can also fade toward zero between samples (the learned
-//!   TTFT residual: an endpoint that stopped getting traffic because it looked slow is tried
-//!   again). With [`Decay::NEVER`] it is a plain per-sample EWMA (the learned prefill speed).
+//!   evenly, so an early value is their mean rather than mostly the first sample) that can
+//!   also fade toward zero between samples (the learned TTFT residual: an endpoint that
+//!   stopped getting traffic because it looked slow is tried again). With [`Decay::NEVER`] it
+//!   is a plain per-sample EWMA (the learned prefill speed's work and time, averaged apart).
 //! - [`Rate`]: events per second, each event adding `1 / time_constant` to a value that decays:
 //!   a steady `r` events/s converges to `r`, and a change shows within a few time constants.
 //!

@@ -73,7 +73,7 @@ impl EngineSignal {
     ) -> &'static str {
         match scraped_at {
             None => "missing",
-            Some(at) if now.saturating_duration_since(at) <= staleness => "fresh",
+            Some(at) if fresh_at(at, now, staleness) => "fresh",
             Some(_) => "stale",
         }
     }
@@ -131,16 +131,17 @@ impl EngineSignal {
     pub fn of(last: Option<Arc<EngineSample>>, now: Instant, staleness: Duration) -> EngineSignal {
         match last {
             None => EngineSignal::Missing,
-            Some(s) => {
-                let age = now.saturating_duration_since(s.scraped_at);
-                if age <= staleness {
-                    EngineSignal::Fresh(s)
-                } else {
-                    EngineSignal::Stale { age }
-                }
-            }
+            Some(s) if fresh_at(s.scraped_at, now, staleness) => EngineSignal::Fresh(s),
+            Some(s) => EngineSignal::Stale {
+                age: now.saturating_duration_since(s.scraped_at),
+            },
         }
     }
+}
+
+/// Whether a sample scraped at `at` is fresh at `now`: at most `staleness` old.
+fn fresh_at(at: Instant, now: Instant, staleness: Duration) -> bool {
+    now.saturating_duration_since(at) <= staleness
 }
 
 #[cfg(test)]

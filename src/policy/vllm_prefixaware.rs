@@ -66,6 +66,11 @@ impl State {
 }
 
 impl VllmPrefixAware {
+    /// Milliseconds from the policy's creation to `now` (the trie's recency stamps).
+    fn ms_since_origin(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
     /// The policy with `config.vllm_prefixaware`, an empty trie.
     pub fn new(config: &PolicyConfig) -> VllmPrefixAware {
         VllmPrefixAware {
@@ -87,7 +92,7 @@ impl VllmPrefixAware {
         pick_random: impl FnOnce(usize) -> usize,
     ) -> Ranking {
         let n = candidates.len();
-        let now_ms = now.saturating_duration_since(self.origin).as_millis() as u64;
+        let now_ms = self.ms_since_origin(now);
         let blocks = &request.prefix_blocks[..];
         let block_tokens = u64::from(request.block_size_tokens.max(1));
         let mut state = self.state.lock();
@@ -162,9 +167,7 @@ impl Policy for VllmPrefixAware {
     }
 
     fn record_rest(&self, endpoint: SocketAddr, blocks: &[u64], block_size_tokens: u32) {
-        let now_ms = Instant::now()
-            .saturating_duration_since(self.origin)
-            .as_millis() as u64;
+        let now_ms = self.ms_since_origin(Instant::now());
         self.state.lock().learn(
             endpoint,
             blocks,

@@ -352,6 +352,10 @@ pub(crate) fn plan(
             None => (SourceState::Absent.source(), None),
         };
         let cpu_learned = learned.cpu_load_bytes_per_s;
+        let tiers = match pool_tiers {
+            Some((pool, tiers)) if pool == &*ep.pool => tiers,
+            _ => pool_tiers.insert((&ep.pool, state.kv_tiers(&ep.pool))).1,
+        };
         signals.push(CandidateSignals {
             engine: if engine.scraped {
                 engine.signal
@@ -384,10 +388,7 @@ pub(crate) fn plan(
                 m,
                 block,
                 prefix.tokens,
-                match pool_tiers {
-                    Some((pool, ref tiers)) if pool == &*ep.pool => tiers,
-                    _ => &pool_tiers.insert((&ep.pool, state.kv_tiers(&ep.pool))).1,
-                },
+                &tiers,
                 cpu_learned,
                 kv_bytes_per_token,
             ),
