@@ -15,7 +15,10 @@
 //!
 //! An endpoint with no request in prefill always has room for one: the queue never holds work
 //! while an engine's prefill is idle, whatever the prediction says (a residual too high, a
-//! budget too small for the prompts), so predicted room cannot starve a model.
+//! budget too small for the prompts), so predicted room cannot starve a model. With a dispatch
+//! lead, an endpoint whose one prompt in prefill is predicted to finish within the lead counts
+//! as idle: the next prompt travels while the last one finishes, instead of after its first
+//! byte came back to the router.
 
 /// One endpoint as the predicted room sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +28,9 @@ pub struct EndpointWait {
     pub queue_ms: f64,
     /// Requests routed there that have not produced a first byte yet.
     pub prefilling: u64,
+    /// Predicted prefill left of the prompts routed there without a first byte, ms: their
+    /// prefill at the learned speed less how long the head has been prefilling (never below 0).
+    pub prefill_left_ms: f64,
     /// Prefill of the endpoint's typical request there, ms.
     pub typical_prefill_ms: f64,
     /// Fixed cost of every request (the cost model's `base_ms`), ms.
@@ -47,8 +53,9 @@ impl EndpointWait {
     }
 
     /// Requests it can take now: those that, each adding a typical prefill to the wait, still
-    /// start within the budget; at least one when nothing is in prefill there.
-    pub fn slots(&self, max_ttft_factor: f64, ttft_target_ms: Option<u64>) -> u64 {
+    /// start within the budget; at least one when nothing is in prefill there, or when its one
+    /// prompt in prefill is predicted done within `lead_ms`.
+    pub fn slots(&self, max_ttft_factor: f64, ttft_target_ms: Option<u64>, lead_ms: f64) -> u64 {
         let budget = self.budget_ms(max_ttft_factor, ttft_target_ms);
         let fit = if self.queue_ms.is_finite() && self.queue_ms <= budget {
             let each = self.typical_prefill_ms.max(1e-3);
@@ -57,7 +64,8 @@ impl EndpointWait {
         } else {
             0
         };
-        let idle = u64::from(self.prefilling == 0);
+        let soon_idle = self.prefilling == 1 && lead_ms > 0.0 && self.prefill_left_ms <= lead_ms;
+        let idle = u64::from(self.prefilling == 0 || soon_idle);
         fit.max(idle).min(MAX_SLOTS)
     }
 }
@@ -70,6 +78,7 @@ mod tests {
         EndpointWait {
             queue_ms,
             prefilling,
+            prefill_left_ms: queue_ms,
             typical_prefill_ms: 200.0,
             base_ms: 0.0,
         }
@@ -101,7 +110,7 @@ mod tests {
             (f64::NAN, 1, 1.5, None, 0),
         ];
         for (queue_ms, prefilling, factor, target, want) in cases {
-            let got = wait(queue_ms, prefilling).slots(factor, target);
+            let got = wait(queue_ms, prefilling).slots(factor, target, 0.0);
             assert_eq!(
                 got, want,
                 "queue {queue_ms} prefilling {prefilling} x{factor} {target:?}"
@@ -115,24 +124,66 @@ mod tests {
         let fast = EndpointWait {
             queue_ms: 50.0,
             prefilling: 1,
+            prefill_left_ms: 50.0,
             typical_prefill_ms: 100.0,
             base_ms: 10.0,
         };
         let slow = EndpointWait {
             queue_ms: 200.0,
             prefilling: 1,
+            prefill_left_ms: 200.0,
             typical_prefill_ms: 400.0,
             base_ms: 40.0,
         };
         assert_eq!(fast.budget_ms(1.5, None), 55.0);
         assert_eq!(slow.budget_ms(1.5, None), 220.0);
-        assert_eq!(fast.slots(1.5, None), 1);
-        assert_eq!(slow.slots(1.5, None), 1);
+        assert_eq!(fast.slots(1.5, None, 0.0), 1);
+        assert_eq!(slow.slots(1.5, None, 0.0), 1);
         // A tiny typical prefill does not overflow: the count is bounded.
         let tiny = EndpointWait {
             typical_prefill_ms: 0.0,
             ..fast
         };
-        assert_eq!(tiny.slots(1.5, Some(10_000)), MAX_SLOTS);
+        assert_eq!(tiny.slots(1.5, Some(10_000), 0.0), MAX_SLOTS);
+    }
+
+    #[test]
+    fn a_prompt_about_to_finish_lets_one_more_go_ahead() {
+        // One 200 ms prompt in prefill, its wait (220 ms with the running requests) over the
+        // 100 ms budget: no slot by the budget.
+        let head = |left: f64, prefilling: u64| EndpointWait {
+            queue_ms: 220.0,
+            prefilling,
+            prefill_left_ms: left,
+            typical_prefill_ms: 200.0,
+            base_ms: 0.0,
+        };
+        // (prefill left, prefilling, lead) -> slots.
+        let cases = [
+            // Without a lead only an idle endpoint takes one, however close the head is.
+            (0.0, 1, 0.0, 0),
+            (5.0, 1, 0.0, 0),
+            // Within the lead: one, as if idle.
+            (30.0, 1, 40.0, 1),
+            (40.0, 1, 40.0, 1),
+            (0.0, 1, 40.0, 1),
+            // Further out than the lead: none yet.
+            (41.0, 1, 40.0, 0),
+            (200.0, 1, 40.0, 0),
+            // One already went ahead (two without a first byte): no third, even when the
+            // prediction says both are done (an engine slower than learned).
+            (0.0, 2, 40.0, 0),
+            // A NaN prediction is never "soon".
+            (f64::NAN, 1, 40.0, 0),
+        ];
+        for (left, prefilling, lead, want) in cases {
+            assert_eq!(
+                head(left, prefilling).slots(1.5, None, lead),
+                want,
+                "left {left} prefilling {prefilling} lead {lead}"
+            );
+        }
+        // The lead never takes a slot the budget gives: a looser factor still counts its own.
+        assert_eq!(head(300.0, 1).slots(3.0, None, 40.0), 1);
     }
 }

@@ -64,6 +64,12 @@ use crate::config::LearningConfig;
 pub struct TtftContext {
     /// Prefill tokens queued on the endpoint ahead of the request plus its own uncached tokens.
     pub work_tokens: u64,
+    /// How long the first of the prompts ahead had been prefilling at the decision, ms (0 with
+    /// none ahead): the sample spans from its start to this request's first byte, the time in
+    /// which all of `work_tokens` was prefilled. Without it a request sent when the one ahead
+    /// was nearly done counts that whole prompt as done in its own wait, and the speed learned
+    /// comes out too fast.
+    pub ahead_elapsed_ms: f64,
     /// Fixed costs the cost model added (base and per running request), ms.
     pub fixed_ms: f64,
     /// The cost model's prediction without the learned residual, ms.
@@ -159,7 +165,12 @@ impl Learned {
             return Observed::default();
         }
         let mut out = Observed::default();
-        let prefill_ms = ttft_ms - ctx.fixed_ms;
+        let ahead_ms = if ctx.ahead_elapsed_ms.is_finite() {
+            ctx.ahead_elapsed_ms.max(0.0)
+        } else {
+            0.0
+        };
+        let prefill_ms = ttft_ms + ahead_ms - ctx.fixed_ms;
         let queued_for_slot = ctx.engine_waiting.is_some_and(|w| w > 0);
         let mut speed_sample = None;
         if ctx.work_tokens >= cfg.min_sample_tokens.max(1)
@@ -280,6 +291,7 @@ mod tests {
     fn ctx(work_tokens: u64, predicted_ms: f64) -> TtftContext {
         TtftContext {
             work_tokens,
+            ahead_elapsed_ms: 0.0,
             fixed_ms: 5.0,
             predicted_ms,
             engine_waiting: Some(0),
@@ -321,6 +333,47 @@ mod tests {
         }
         let speed = learned.prefill_tokens_per_s(&cfg).expect("trusted");
         assert!((speed - 10_000.0).abs() < 1_000.0, "{speed}");
+    }
+
+    /// A request sent while the prompt ahead of it was part done: 2,000 tokens ahead of which
+    /// 150 ms of 200 were done, its own 2,000 after, so its first byte comes 250 ms after the
+    /// decision. Counting the whole prompt ahead in those 250 ms learns 16k tokens/s; the
+    /// sample from the head's start (400 ms for 4,000 tokens) learns the 10k.
+    #[tokio::test(start_paused = true)]
+    async fn a_sample_spans_from_the_start_of_the_prompt_ahead() {
+        let cfg = LearningConfig::default();
+        let (with, without) = (Learned::default(), Learned::default());
+        for _ in 0..20 {
+            let sent_late = TtftContext {
+                ahead_elapsed_ms: 150.0,
+                ..ctx(4000, f64::NAN)
+            };
+            with.observe(&sent_late, 5.0 + 250.0, &cfg, Instant::now());
+            without.observe(&ctx(4000, f64::NAN), 5.0 + 250.0, &cfg, Instant::now());
+        }
+        let speed = |l: &Learned| l.prefill_tokens_per_s(&cfg).expect("trusted");
+        assert!((speed(&with) - 10_000.0).abs() < 1.0, "{}", speed(&with));
+        assert!(
+            (speed(&without) - 16_000.0).abs() < 1.0,
+            "{}",
+            speed(&without)
+        );
+        // Nonsense elapsed times count as none.
+        for bad in [f64::NAN, -50.0, f64::NEG_INFINITY] {
+            let odd = Learned::default();
+            for _ in 0..20 {
+                let c = TtftContext {
+                    ahead_elapsed_ms: bad,
+                    ..ctx(4000, f64::NAN)
+                };
+                odd.observe(&c, 5.0 + 250.0, &cfg, Instant::now());
+            }
+            assert!(
+                (speed(&odd) - 16_000.0).abs() < 1.0,
+                "{bad}: {}",
+                speed(&odd)
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -41,6 +41,12 @@ pub struct EndpointLoad {
     pub learned: Learned,
     /// When a request here was last marked for the observer, ns since [`epoch`] (0: never).
     watched_at_ns: AtomicU64,
+    /// When the prompt at the head of the router's prefill queue here began prefilling: the
+    /// last time the count of prompts without a first byte rose from zero or a first byte left
+    /// others behind it (prompts taken as prefilled one after another). On tokio's clock, so a
+    /// test with a paused clock moves it; a lock, not an atomic, because that clock's instants
+    /// have no fixed origin to count from.
+    prefill_head_since: parking_lot::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// The process's reference instant for the load counters' timestamps.
@@ -98,12 +104,27 @@ impl EndpointLoad {
             .is_ok()
     }
 
+    /// How long the prompt at the head of the router's prefill queue here has been prefilling,
+    /// taking prompts as prefilled one after another (the head began when the queue last rose
+    /// from empty or a first byte came with others waiting); `None` with none waiting. Read on
+    /// tokio's clock, as the stamps are.
+    pub fn prefill_head_elapsed(&self) -> Option<Duration> {
+        if self.in_flight_prefilling.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let since = (*self.prefill_head_since.lock())?;
+        Some(tokio::time::Instant::now().saturating_duration_since(since))
+    }
+
     /// Counts a request of `prompt_tokens` as in flight until the returned guard is dropped.
     pub fn begin(self: &Arc<Self>, prompt_tokens: u64) -> InflightGuard {
         self.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight_prefill_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);
-        self.in_flight_prefilling.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight_prefilling.fetch_add(1, Ordering::Relaxed) == 0 {
+            // Nothing was ahead: this prompt's prefill starts now.
+            *self.prefill_head_since.lock() = Some(tokio::time::Instant::now());
+        }
         let first = self.requests_total.fetch_add(1, Ordering::Relaxed) == 0;
         // Integer EWMA; two racing updates may lose one sample, which an average tolerates.
         let _ =
@@ -137,10 +158,15 @@ impl InflightGuard {
     /// The first response byte arrived: the prompt is prefilled, only decode remains.
     /// Idempotent.
     pub fn prefill_done(&mut self) {
-        if std::mem::take(&mut self.prefilling) {
-            self.load
+        if std::mem::take(&mut self.prefilling)
+            && self
+                .load
                 .in_flight_prefilling
-                .fetch_sub(1, Ordering::Relaxed);
+                .fetch_sub(1, Ordering::Relaxed)
+                > 1
+        {
+            // Others were waiting behind this one: the next prompt's prefill starts now.
+            *self.load.prefill_head_since.lock() = Some(tokio::time::Instant::now());
         }
         let tokens = std::mem::take(&mut self.prefill_tokens);
         if tokens > 0 {

@@ -43,8 +43,11 @@ impl RoomSource for TablesRoom {
             room.candidates += 1;
             let (tokens, mut requests) = free(ep, limits, config, now);
             if limits.mode == RoomMode::Predicted && requests > 0 {
-                let slots = wait_of(ep, config, &cost, ask, now)
-                    .slots(limits.max_ttft_factor, ask.ttft_target_ms);
+                let slots = wait_of(ep, config, &cost, ask, now).slots(
+                    limits.max_ttft_factor,
+                    ask.ttft_target_ms,
+                    limits.dispatch_lead_ms as f64,
+                );
                 requests = requests.min(slots);
             }
             if requests > 0 {
@@ -57,7 +60,9 @@ impl RoomSource for TablesRoom {
 }
 
 /// `ep`'s predicted wait for a request with nothing cached there, in the cost model's terms.
-/// Its typical request: the average prompt routed there, or `ask`'s own before any was.
+/// Its typical request: the average prompt routed there, or `ask`'s own before any was. The
+/// prefill left there: the prompts without a first byte at the learned speed, less how long the
+/// head has been prefilling.
 fn wait_of(
     ep: &Endpoint,
     config: &Config,
@@ -72,9 +77,15 @@ fn wait_of(
     } else {
         load.typical_prefill_tokens
     };
+    let elapsed_ms = ep
+        .load
+        .prefill_head_elapsed()
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    let in_prefill_ms = cost.prefill_ms(view.load.in_flight_prefill_tokens, &view);
     EndpointWait {
         queue_ms: cost.queue_ms(&view),
         prefilling: view.load.in_flight_prefilling,
+        prefill_left_ms: (in_prefill_ms - elapsed_ms).max(0.0),
         typical_prefill_ms: cost.prefill_ms(typical, &view),
         base_ms: cost.base_ms,
     }

@@ -86,6 +86,7 @@ async fn predicted_room_counts_prompts_in_prefill_in_the_endpoints_own_time() {
     for _ in 0..cfg.load.learning.min_samples {
         let ctx = TtftContext {
             work_tokens: 2000,
+            ahead_elapsed_ms: 0.0,
             fixed_ms: 0.0,
             predicted_ms: f64::NAN,
             engine_waiting: Some(0),
@@ -146,7 +147,8 @@ struct Job {
 #[derive(Default)]
 struct Engines {
     queues: [VecDeque<Job>; 2],
-    /// (priority, arrival to first byte) of every first byte, with its time since the start.
+    /// (priority, arrival to first byte at the router) of every first byte, with the time
+    /// since the start when its prefill ended.
     first_bytes: Vec<(i32, Duration, Duration)>,
     shed: Vec<Shed>,
 }
@@ -155,8 +157,10 @@ const PREFILL: Duration = Duration::from_millis(200);
 
 /// Two engines that prefill one prompt at a time (200 ms each, FCFS), fed by `r`'s flow
 /// control and routing: 40 sheddable requests a second for 3 s (four times the engines'
-/// capacity) and a critical one every 250 ms. Returns what the engines saw.
-async fn closed_loop(r: Arc<Router>) -> Engines {
+/// capacity) and a critical one every 250 ms. A first byte reaches the router `trip` after its
+/// prefill ends (Envoy, the network). Returns what the engines saw, each first byte at the
+/// time its prefill ended.
+async fn closed_loop(r: Arc<Router>, trip: Duration) -> Engines {
     let engines = Arc::new(Mutex::new(Engines::default()));
     let start = Instant::now();
     let mut arrivals = Vec::new();
@@ -205,27 +209,41 @@ async fn closed_loop(r: Arc<Router>) -> Engines {
             drop(permit);
         }));
     }
+    let mut engine_tasks = Vec::new();
     for i in 0..2 {
         let engines = Arc::clone(&engines);
-        tasks.push(tokio::spawn(async move {
+        engine_tasks.push(tokio::spawn(async move {
+            let mut tasks_of_trips = Vec::new();
             while start.elapsed() < Duration::from_secs(5) {
                 let Some(mut job) = engines.lock().queues[i].pop_front() else {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 };
                 tokio::time::sleep(PREFILL).await;
-                let at = job.ticket.decided_at() + job.decided.elapsed();
-                job.ticket.on_first_byte(at);
-                let ttft = job.arrived.elapsed();
-                engines
-                    .lock()
-                    .first_bytes
-                    .push((job.priority, ttft, start.elapsed()));
+                let prefilled = start.elapsed();
+                // The first byte reaches the router `trip` later; the engine goes on at once.
+                let engines = Arc::clone(&engines);
+                tasks_of_trips.push(tokio::spawn(async move {
+                    tokio::time::sleep(trip).await;
+                    let at = job.ticket.decided_at() + job.decided.elapsed();
+                    job.ticket.on_first_byte(at);
+                    let ttft = job.arrived.elapsed();
+                    engines
+                        .lock()
+                        .first_bytes
+                        .push((job.priority, ttft, prefilled));
+                }));
             }
+            tasks_of_trips
         }));
     }
     for t in tasks {
         t.await.unwrap();
+    }
+    for t in engine_tasks {
+        for trip in t.await.unwrap() {
+            trip.await.unwrap();
+        }
     }
     let mut out = engines.lock();
     std::mem::take(&mut *out)
@@ -243,7 +261,11 @@ fn worst_critical(e: &Engines) -> Duration {
 #[tokio::test(start_paused = true)]
 async fn under_overload_the_predicted_room_keeps_critical_ttft_near_one_prefill() {
     let flow = "flow_control: {enabled: true, max_wait_ms: 1000, room: {mode: MODE}}\n";
-    let predicted = closed_loop(Arc::new(router(&flow.replace("MODE", "predicted")))).await;
+    let predicted = closed_loop(
+        Arc::new(router(&flow.replace("MODE", "predicted"))),
+        Duration::ZERO,
+    )
+    .await;
     // Every critical request waited at most for one engine's prompt in prefill (200 ms, the
     // sooner of two), then its own: 400 ms and the engines' 1 ms polling.
     let critical = predicted
@@ -271,10 +293,79 @@ async fn under_overload_the_predicted_room_keeps_critical_ttft_near_one_prefill(
 
     // The static room as shipped lets eight prompts wait in each engine, where the critical
     // request waits behind them.
-    let fixed = closed_loop(Arc::new(router(&flow.replace("MODE", "static")))).await;
+    let fixed = closed_loop(
+        Arc::new(router(&flow.replace("MODE", "static"))),
+        Duration::ZERO,
+    )
+    .await;
     assert!(
         worst_critical(&fixed) > Duration::from_millis(1000),
         "{:?}",
         worst_critical(&fixed)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dispatch_lead_keeps_the_engines_busy_while_first_bytes_travel() {
+    // A first byte takes 40 ms back to the router. Without a lead each engine waits for it
+    // before the next prompt comes: 240 ms a prompt. With a 50 ms lead the next prompt is sent
+    // while the last finishes: 200 ms and the 1 ms poll.
+    let trip = Duration::from_millis(40);
+    let flow = "flow_control: {enabled: true, max_wait_ms: 1000, room: {dispatch_lead_ms: LEAD}}\n";
+    let prefilled_by_3s = |e: &Engines| {
+        e.first_bytes
+            .iter()
+            .filter(|(_, _, at)| *at <= Duration::from_secs(3))
+            .count()
+    };
+    let without = closed_loop(Arc::new(router(&flow.replace("LEAD", "0"))), trip).await;
+    let with = closed_loop(Arc::new(router(&flow.replace("LEAD", "50"))), trip).await;
+    let (n0, n1) = (prefilled_by_3s(&without), prefilled_by_3s(&with));
+    // Over 241 ms a prompt, 12 an engine by 3 s (13 on the one that got a second request
+    // while the other was idle); over 201 ms, 14.
+    assert!(n0 <= 2 * 13, "without a lead: {n0} prompts by 3 s");
+    assert!(n1 >= 2 * 14, "with a lead: {n1} prompts by 3 s");
+    // The price: a critical request may find one sheddable prompt sent ahead of it, so it
+    // waits for at most the lead, that prompt, then its own (and the trip back).
+    let bound = Duration::from_millis(50 + 200 + 200 + 40 + 10);
+    assert!(
+        worst_critical(&with) <= bound,
+        "{:?}",
+        worst_critical(&with)
+    );
+    assert_eq!(
+        with.first_bytes.iter().filter(|(p, _, _)| *p == 1).count(),
+        12,
+        "every critical request was served"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_prefill_left_counts_down_from_the_heads_start() {
+    let r = router("");
+    let room = room_of(&r);
+    let lead = RoomConfig {
+        dispatch_lead_ms: 40,
+        ..limits(RoomMode::Predicted)
+    };
+    let free = |limits: &RoomConfig| room.room("m", limits, &PROMPT).free_requests;
+    // Both endpoints busy with a 2000-token prompt: 200 ms at the default 10000 tokens/s.
+    let a = endpoint(&r, 0).load.begin(2000);
+    let b = endpoint(&r, 1).load.begin(2000);
+    assert_eq!(free(&lead), 0);
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert_eq!(free(&lead), 0, "50 ms left on each: beyond the lead");
+    tokio::time::advance(Duration::from_millis(15)).await;
+    assert_eq!(free(&lead), 2, "35 ms left on each: within it");
+    assert_eq!(free(&limits(RoomMode::Predicted)), 0, "no lead: none");
+    // One more goes to the first endpoint: two without a first byte there, none goes ahead.
+    let c = endpoint(&r, 0).load.begin(2000);
+    assert_eq!(free(&lead), 1);
+    // The head's first byte: the second prompt there is the head now, from this instant.
+    let mut a = a;
+    a.prefill_done();
+    assert_eq!(free(&lead), 1, "a whole prompt left on the first");
+    tokio::time::advance(Duration::from_millis(170)).await;
+    assert_eq!(free(&lead), 2, "30 ms left on the first");
+    drop((a, b, c));
 }

@@ -836,6 +836,7 @@ pools:
         let cfg = config(&r);
         let ctx = TtftContext {
             work_tokens: 4000,
+            ahead_elapsed_ms: 0.0,
             fixed_ms: 0.0,
             predicted_ms: 200.0,
             engine_waiting: None,
@@ -879,6 +880,30 @@ pools:
         let ttft = d.ticket.ttft.as_ref().expect("a prediction to learn from");
         assert!(ttft.predicted_ms > 0.0);
         assert_eq!(ttft.work_tokens, d.plan.uncached_tokens());
+        assert_eq!(ttft.ahead_elapsed_ms, 0.0, "nothing was ahead of it");
+        // A request decided 150 ms after the one ahead of it began prefilling there learns
+        // over the span from that start: the whole of the prompt ahead was prefilled in it.
+        // (The third replica gets a long prompt at the same instant, so either is behind one.)
+        let pick = d.primary().address;
+        let set = endpoints(&r);
+        let _third = set.get(&addr(8003)).unwrap().load.begin(3000);
+        tokio::time::advance(std::time::Duration::from_millis(150)).await;
+        let behind = decide_now(&r, &req, NONE).unwrap();
+        let ctx = behind.ticket.ttft.as_ref().unwrap();
+        assert_eq!(ctx.ahead_elapsed_ms, 150.0);
+        let ahead = if behind.primary().address == pick {
+            d.plan.uncached_tokens()
+        } else {
+            3000
+        };
+        assert_eq!(ctx.work_tokens, ahead + behind.plan.uncached_tokens());
+        assert_eq!(
+            set.get(&behind.primary().address)
+                .unwrap()
+                .load
+                .prefill_head_elapsed(),
+            Some(std::time::Duration::from_millis(150))
+        );
     }
 
     #[tokio::test(start_paused = true)]

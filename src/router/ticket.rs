@@ -296,8 +296,19 @@ pub(super) fn commit(
     let (ttft, predicted_ttft_ms) = {
         let c = &plan.candidates[pick];
         let p = state.cost.predict(&plan.request, c);
+        // Only with work ahead in the snapshot the sample counts (a request racing in since
+        // adds time the sample's work would not include).
+        let ahead_elapsed_ms = if c.load.in_flight_prefilling > 0 {
+            primary
+                .load
+                .prefill_head_elapsed()
+                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        } else {
+            0.0
+        };
         let ctx = TtftContext {
             work_tokens: c.load.in_flight_prefill_tokens + uncached_tokens,
+            ahead_elapsed_ms,
             // The load from a slower tier is not prefill: keep it out of the speed sample.
             fixed_ms: state.cost.fixed_ms(c) + p.load_ms,
             predicted_ms: p.ttft_ms - p.residual_ms,
