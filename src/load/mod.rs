@@ -105,15 +105,19 @@ impl EndpointLoad {
     }
 
     /// How long the prompt at the head of the router's prefill queue here has been prefilling,
-    /// taking prompts as prefilled one after another (the head began when the queue last rose
-    /// from empty or a first byte came with others waiting); `None` with none waiting. Read on
+    /// ms, taking prompts as prefilled one after another (the head began when the queue last
+    /// rose from empty or a first byte came with others waiting); 0 with none waiting. Read on
     /// tokio's clock, as the stamps are.
-    pub fn prefill_head_elapsed(&self) -> Option<Duration> {
+    pub fn prefill_head_elapsed_ms(&self) -> f64 {
         if self.in_flight_prefilling.load(Ordering::Relaxed) == 0 {
-            return None;
+            return 0.0;
         }
-        let since = (*self.prefill_head_since.lock())?;
-        Some(tokio::time::Instant::now().saturating_duration_since(since))
+        (*self.prefill_head_since.lock()).map_or(0.0, |since| {
+            tokio::time::Instant::now()
+                .saturating_duration_since(since)
+                .as_secs_f64()
+                * 1e3
+        })
     }
 
     /// Counts a request of `prompt_tokens` as in flight until the returned guard is dropped.

@@ -77,15 +77,11 @@ fn wait_of(
     } else {
         load.typical_prefill_tokens
     };
-    let elapsed_ms = ep
-        .load
-        .prefill_head_elapsed()
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
     let in_prefill_ms = cost.prefill_ms(view.load.in_flight_prefill_tokens, &view);
     EndpointWait {
         queue_ms: cost.queue_ms(&view),
         prefilling: view.load.in_flight_prefilling,
-        prefill_left_ms: (in_prefill_ms - elapsed_ms).max(0.0),
+        prefill_left_ms: (in_prefill_ms - ep.load.prefill_head_elapsed_ms()).max(0.0),
         typical_prefill_ms: cost.prefill_ms(typical, &view),
         base_ms: cost.base_ms,
     }

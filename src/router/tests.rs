@@ -901,8 +901,8 @@ pools:
             set.get(&behind.primary().address)
                 .unwrap()
                 .load
-                .prefill_head_elapsed(),
-            Some(std::time::Duration::from_millis(150))
+                .prefill_head_elapsed_ms(),
+            150.0
         );
     }
 

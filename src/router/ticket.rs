@@ -299,10 +299,7 @@ pub(super) fn commit(
         // Only with work ahead in the snapshot the sample counts (a request racing in since
         // adds time the sample's work would not include).
         let ahead_elapsed_ms = if c.load.in_flight_prefilling > 0 {
-            primary
-                .load
-                .prefill_head_elapsed()
-                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+            primary.load.prefill_head_elapsed_ms()
         } else {
             0.0
         };
