@@ -113,9 +113,7 @@ pub struct RoomConfig {
     /// this many ms (its prefill at the learned speed less how long it has run) takes the next
     /// request now, as an idle one does, so the next prompt reaches the engine about when its
     /// prefill frees instead of a first byte's trip back and a dispatch later. At most one
-    /// request goes ahead this way. 0: only an idle endpoint. Default 0. (Left out of the
-    /// config as written back when 0, so configs generated for older builds still load.)
-    #[serde(skip_serializing_if = "is_zero")]
+    /// request goes ahead this way. 0: only an idle endpoint. Default 0.
     pub dispatch_lead_ms: u64,
     /// Prompt tokens routed to one endpoint that have not produced a first byte yet (the
     /// router's own count: queued or prefilling there). Must be > 0. Default 16384.
@@ -125,10 +123,6 @@ pub struct RoomConfig {
     pub max_waiting_requests: u64,
     /// The engine's KV-cache usage, 0..=1 (`vllm:kv_cache_usage_perc`, when fresh). Default 0.95.
     pub max_kv_cache_usage: f64,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 /// How an endpoint's room is judged (`flow_control.room.mode`).

@@ -175,13 +175,17 @@ fn is_speed(key: &str) -> bool {
     key.ends_with("_per_s")
 }
 
-/// The sub-tree of `v` holding only its time fields (durations and speeds), or `None`.
+/// The sub-tree of `v` holding only its time fields (durations and speeds), or `None`. A
+/// zero is left out: scaling keeps it zero (usually "off"), so writing it would change nothing
+/// but would make the config unreadable to a build older than the field (a plan's
+/// `router_bin` A/B against the build before).
 fn time_fields(v: &Value) -> Option<Value> {
     let Value::Mapping(m) = v else { return None };
     let mut out = Mapping::new();
     for (k, v) in m {
         let key = k.as_str().unwrap_or("");
         let keep = match v {
+            Value::Number(n) if n.as_f64() == Some(0.0) => None,
             Value::Number(_) if is_duration(key) || is_speed(key) => Some(v.clone()),
             Value::Mapping(_) => time_fields(v),
             _ => None,
@@ -354,6 +358,17 @@ mod tests {
         assert_eq!(c.pools[0].endpoints[0].prefill_tokens_per_s, Some(15_000.0));
         assert_eq!(c.debug.record_decisions, 100);
         assert!(fields.iter().any(|f| f.path == "load.scrape.staleness_ms"));
+        // Zero defaults stay zero and are not written (a build older than such a field can
+        // still read the config); zeros a plan sets are kept.
+        assert_eq!(base.flow_control.room.dispatch_lead_ms, 0);
+        assert!(!text.contains("dispatch_lead_ms"), "{text}");
+        assert!(!text.contains("base_ms"), "{text}");
+        let zero = PolicySpec {
+            router_yaml: Some(yaml("{policy: {predicted_ttft: {base_ms: 0}}}")),
+            ..policy.clone()
+        };
+        let (text, _) = render_scaled(&zero, &i);
+        assert!(text.contains("base_ms: 0"), "{text}");
         // At a scale that would go below kvrouter's floor, the floor holds and says so.
         i.time_scale = 20.0;
         let (text, fields) = render_scaled(&policy, &i);
