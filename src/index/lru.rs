@@ -28,8 +28,14 @@ pub(crate) struct EndpointLru {
     /// First free slot (free slots are chained through `next`).
     free: u32,
     len: usize,
-    /// Most blocks kept.
+    /// Most blocks kept, besides `pending`.
     pub(crate) capacity: usize,
+    /// Blocks added for routed requests whose prefill has not started on the engine yet
+    /// ([`super::PendingBlocks`]): they hold no engine memory, so they push nothing out of
+    /// it yet. At most `capacity`.
+    pub(crate) pending: usize,
+    /// Counts [`Self::clear`]s: a pending claim taken before one settles nothing after it.
+    pub(crate) generation: u64,
     /// Blocks confirmed by engine events (the rest are predictions).
     pub(crate) confirmed: usize,
     /// The endpoint's id was retired ([`super::OwnershipIndex::retire_endpoint`]): a writer
@@ -46,6 +52,8 @@ impl EndpointLru {
             free: NIL,
             len: 0,
             capacity,
+            pending: 0,
+            generation: 0,
             confirmed: 0,
             retired: false,
         }
@@ -65,7 +73,14 @@ impl EndpointLru {
     }
 
     pub(crate) fn over_capacity(&self) -> bool {
-        self.len > self.capacity
+        self.len > self.capacity.saturating_add(self.pending)
+    }
+
+    /// Counts one more pending block (within `capacity`); whether it was counted.
+    pub(crate) fn add_pending(&mut self) -> bool {
+        let room = self.pending < self.capacity;
+        self.pending += usize::from(room);
+        room
     }
 
     /// A slot for a block about to be added, not yet in the list: [`Self::link_front`] puts it
@@ -159,10 +174,11 @@ impl EndpointLru {
         })
     }
 
-    /// Forgets every block (capacity kept), releasing memory.
+    /// Forgets every block and pending claim (capacity kept), releasing memory.
     pub(crate) fn clear(&mut self) {
         *self = EndpointLru {
             retired: self.retired,
+            generation: self.generation + 1,
             ..EndpointLru::new(self.capacity)
         };
     }

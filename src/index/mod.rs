@@ -157,6 +157,9 @@ pub struct EndpointStats {
     pub confirmed_blocks: usize,
     /// Its capacity in blocks.
     pub capacity_blocks: usize,
+    /// Blocks of routed requests not yet prefilled there, held beyond the capacity
+    /// ([`PendingBlocks`]).
+    pub pending_blocks: usize,
 }
 
 /// A snapshot of the index's size.
@@ -170,6 +173,61 @@ pub struct IndexStats {
     pub endpoints: Vec<EndpointStats>,
     /// Heap bytes of the block map and recency lists, from allocated capacities.
     pub heap_bytes: usize,
+}
+
+/// The blocks a routed request added to its pick before the engine there began its prefill
+/// ([`OwnershipIndex::insert_routed`]): held beyond the endpoint's capacity until
+/// [`Self::prefilled`] (or the drop).
+///
+/// The index learns of a prefix when the request is routed, but the engine stores it only when
+/// it prefills the request: under load seconds later, behind the queue. Until then the blocks
+/// new to the endpoint take no engine memory and push nothing out of it, so its capacity
+/// stretches by them (up to twice the capacity). Counted against the capacity from the
+/// decision on, the index ran ahead of the engine by the queue: a replica with 80k prompt
+/// tokens queued and room for 400k dropped prefixes from the index about a fifth sooner than
+/// its engine did, and the policy sent their next requests to another replica to recompute
+/// them (issue 13's eviction workload). Once prefilled the blocks count, and the least recently
+/// used blocks past the capacity go, as the engine's do when it allocates the prompt. Nothing
+/// happens once the endpoint was cleared or retired since the decision.
+pub struct PendingBlocks {
+    index: Arc<OwnershipIndex>,
+    state: Arc<Mutex<EndpointLru>>,
+    endpoint: EndpointId,
+    /// The list's generation at the decision: a clear since ends the claim.
+    generation: u64,
+    /// Blocks held beyond the capacity (0 once prefilled).
+    blocks: usize,
+}
+
+impl PendingBlocks {
+    /// Blocks held beyond the endpoint's capacity until the prefill is done.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// The request's prefill is done (its first byte came, or was due): its blocks count
+    /// against the capacity from now on. Idempotent.
+    pub fn prefilled(&mut self) {
+        if self.blocks > 0 {
+            self.index.settle(self);
+            self.blocks = 0;
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingBlocks")
+            .field("endpoint", &self.endpoint)
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
+
+impl Drop for PendingBlocks {
+    fn drop(&mut self) {
+        self.prefilled();
+    }
 }
 
 /// Why an index call was refused.
@@ -293,9 +351,7 @@ impl OwnershipIndex {
         hashes: &[u64],
         ttl: Duration,
     ) -> Result<(), IndexError> {
-        let until = self
-            .now_ms()
-            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let until = self.until_ms(ttl);
         self.insert(endpoint, hashes, |h| {
             h.set_predicted_until_ms(h.predicted_until_ms().max(until));
         })
@@ -312,6 +368,33 @@ impl OwnershipIndex {
         self.insert(endpoint, hashes, |h| h.set_media(h.media() | medium.bit()))
     }
 
+    /// As [`Self::insert_predicted`] for a request routed to `endpoint` whose prefill has not
+    /// begun there: the blocks new to the endpoint are [`PendingBlocks`] until the returned
+    /// claim is prefilled or dropped.
+    pub fn insert_routed(
+        self: &Arc<Self>,
+        endpoint: EndpointId,
+        hashes: &[u64],
+    ) -> Result<PendingBlocks, IndexError> {
+        let state = self.endpoint_or_create(endpoint)?;
+        let until = self.until_ms(self.options.prediction_ttl);
+        let (blocks, generation) = self.insert_into(&state, endpoint, hashes, true, |h| {
+            h.set_predicted_until_ms(h.predicted_until_ms().max(until));
+        });
+        Ok(PendingBlocks {
+            index: Arc::clone(self),
+            state,
+            endpoint,
+            generation,
+            blocks,
+        })
+    }
+
+    fn until_ms(&self, ttl: Duration) -> u64 {
+        self.now_ms()
+            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+    }
+
     fn insert(
         &self,
         endpoint: EndpointId,
@@ -319,23 +402,27 @@ impl OwnershipIndex {
         update: impl Fn(&mut Holder),
     ) -> Result<(), IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
-        self.insert_into(&state, endpoint, hashes, update);
+        self.insert_into(&state, endpoint, hashes, false, update);
         Ok(())
     }
 
-    /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement).
+    /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement); with
+    /// `pending`, the blocks added count as pending. Returns how many did, and the list's
+    /// generation.
     fn insert_into(
         &self,
         state: &Mutex<EndpointLru>,
         endpoint: EndpointId,
         hashes: &[u64],
+        pending: bool,
         update: impl Fn(&mut Holder),
-    ) {
+    ) -> (usize, u64) {
         let mut lru = state.lock();
         if lru.retired {
             // Retired since we looked it up: nothing may be added under an id that is free.
-            return;
+            return (0, lru.generation);
         }
+        let mut counted = 0;
         let now = self.now_ms();
         // Last block first: the prefix ends up most recent, so tails are evicted first.
         for &hash in hashes.iter().rev() {
@@ -352,6 +439,7 @@ impl OwnershipIndex {
                     Ok(Upsert::Added { record, holder }) => {
                         lru.link_front(holder.slot, self.record_name(s, record));
                         lru.confirmed += usize::from(holder.confirmed());
+                        counted += usize::from(pending && lru.add_pending());
                     }
                     // The shard holds all the blocks it can name: this one is not kept.
                     Err(Full) => {
@@ -364,6 +452,21 @@ impl OwnershipIndex {
             while lru.over_capacity() {
                 self.evict_lru(endpoint, &mut lru, now);
             }
+        }
+        (counted, lru.generation)
+    }
+
+    /// Ends a pending claim: its blocks count against the capacity, and the least recently
+    /// used blocks past it go. Nothing if the endpoint was cleared or retired since.
+    fn settle(&self, claim: &PendingBlocks) {
+        let mut lru = claim.state.lock();
+        if lru.retired || lru.generation != claim.generation {
+            return;
+        }
+        lru.pending = lru.pending.saturating_sub(claim.blocks);
+        let now = self.now_ms();
+        while lru.over_capacity() {
+            self.evict_lru(claim.endpoint, &mut lru, now);
         }
     }
 
@@ -488,6 +591,7 @@ impl OwnershipIndex {
                 blocks: lru.len(),
                 confirmed_blocks: lru.confirmed,
                 capacity_blocks: lru.capacity,
+                pending_blocks: lru.pending,
             });
         }
         stats

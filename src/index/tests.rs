@@ -172,7 +172,9 @@ fn an_insert_that_looked_up_the_endpoint_before_its_retirement_adds_nothing() {
     // A writer (a decision's commit, a KV-event batch) found the state, then lost the race.
     let stale = idx.endpoint(3).unwrap();
     idx.retire_endpoint(3);
-    idx.insert_into(&stale, 3, &[1, 2, 3], |h| h.set_media(Medium::Gpu.bit()));
+    idx.insert_into(&stale, 3, &[1, 2, 3], false, |h| {
+        h.set_media(Medium::Gpu.bit())
+    });
     let stats = idx.stats();
     assert_eq!((stats.blocks, stats.entries), (0, 0));
     assert!(stats.endpoints.is_empty());
@@ -407,3 +409,80 @@ async fn predictions_expire_on_paused_tokio_time() {
 }
 
 mod shared;
+
+fn pending_of(idx: &OwnershipIndex, endpoint: EndpointId) -> usize {
+    idx.stats()
+        .endpoints
+        .iter()
+        .find(|e| e.endpoint == endpoint)
+        .map_or(0, |e| e.pending_blocks)
+}
+
+/// A routed request's new blocks push nothing out of a full endpoint until its prefill is done
+/// (the claim is dropped); then the least recently used blocks past the capacity go.
+#[test]
+fn pending_blocks_evict_only_once_their_prefill_is_done() {
+    let (idx, _) = index(4, 60_000);
+    let idx = Arc::new(idx);
+    idx.insert_predicted(0, &[1, 2, 3, 4]).unwrap();
+    let claim = idx.insert_routed(0, &[10, 11, 12]).unwrap();
+    assert_eq!((claim.blocks(), pending_of(&idx, 0)), (3, 3));
+    assert_eq!(
+        blocks(&idx.lookup(&[1, 2, 3, 4], &[0])),
+        [4],
+        "nothing evicted"
+    );
+    assert_eq!(blocks(&idx.lookup(&[10, 11, 12], &[0])), [3]);
+    // A second request of the same prefix adds nothing new: it claims nothing.
+    let again = idx.insert_routed(0, &[10, 11]).unwrap();
+    assert_eq!(again.blocks(), 0);
+    drop(again);
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3, 4], &[0])), [4]);
+    // Other traffic past capacity plus pending evicts the least recent (the old tails).
+    idx.insert_predicted(0, &[20]).unwrap();
+    assert_eq!(blocks(&idx.lookup(&[1, 2, 3, 4], &[0])), [3]);
+    let mut claim = claim;
+    claim.prefilled();
+    claim.prefilled(); // idempotent
+    assert_eq!((claim.blocks(), pending_of(&idx, 0)), (0, 0));
+    assert_eq!(idx.stats().endpoints[0].blocks, 4);
+    assert_eq!(blocks(&idx.lookup(&[10, 11, 12], &[0])), [3]);
+    assert_eq!(blocks(&idx.lookup(&[20], &[0])), [1]);
+    assert_eq!(
+        blocks(&idx.lookup(&[1, 2, 3, 4], &[0])),
+        [0],
+        "the old prefix went"
+    );
+    drop(claim);
+    assert_eq!(idx.stats().endpoints[0].blocks, 4, "nothing more to settle");
+}
+
+/// Pending blocks stretch an endpoint to at most twice its capacity, and a claim taken before
+/// the endpoint was cleared settles nothing of the claims made since.
+#[test]
+fn pending_blocks_are_bounded_and_a_clear_ends_their_claims() {
+    let (idx, _) = index(4, 60_000);
+    let idx = Arc::new(idx);
+    let hashes: Vec<u64> = (1..=10).collect();
+    let big = idx.insert_routed(0, &hashes).unwrap();
+    assert_eq!(big.blocks(), 4);
+    assert_eq!(idx.stats().endpoints[0].blocks, 8);
+    assert_eq!(
+        blocks(&idx.lookup(&hashes, &[0])),
+        [8],
+        "tails dropped first"
+    );
+    idx.clear_endpoint(0);
+    assert_eq!(pending_of(&idx, 0), 0);
+    let fresh = idx.insert_routed(0, &[30, 31]).unwrap();
+    assert_eq!(pending_of(&idx, 0), 2);
+    drop(big);
+    assert_eq!(pending_of(&idx, 0), 2, "the cleared claim settles nothing");
+    drop(fresh);
+    assert_eq!(pending_of(&idx, 0), 0);
+    // A retired endpoint's claim is a no-op too.
+    let late = idx.insert_routed(1, &[40]).unwrap();
+    idx.retire_endpoint(1);
+    drop(late);
+    assert!(idx.stats().endpoints.iter().all(|e| e.endpoint != 1));
+}

@@ -470,6 +470,64 @@ fn finishing_a_deferred_prompt_predicts_its_new_turn_on_the_pick() {
     );
 }
 
+/// Without KV events a routed prompt's new blocks are pending on its pick until its first
+/// byte: a prompt still queued there pushes no prefix out of the index (its engine has stored
+/// nothing of it yet); once it is prefilled, the least recently used blocks past the capacity go.
+#[test]
+fn a_queued_prompt_evicts_nothing_from_the_index_until_its_first_byte() {
+    let r = tokenized("predicted-ttft", "");
+    let only = [addr(8001)];
+    let ctx = RouteContext {
+        subset: Some(&only),
+        ..NONE
+    };
+    let body = |opening: &str| {
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": format!("{opening} {}", system_prompt())},
+            {"role": "user", "content": "Where is parcel 1?"}]})
+        .to_string()
+        .into_bytes()
+    };
+    let (a_body, b_body) = (body("Alpha."), body("Bravo."));
+    let a_req = request::parse(ApiKind::ChatCompletions, &a_body).unwrap();
+    let b_req = request::parse(ApiKind::ChatCompletions, &b_body).unwrap();
+    let mut a = decide_now(&r, &a_req, ctx).unwrap();
+    let id = a.primary().id;
+    let held = |hashes: &[u64]| r.tables.index.lookup(hashes, &[id])[0].blocks as usize;
+    let a_hashes = a.plan.prefix.block_hashes.clone();
+    let n = a_hashes.len();
+    assert!(n > 20, "{n} blocks");
+    // Room for A and 5 blocks more; A is prefilled.
+    r.tables.index.set_capacity(id, n + 5).unwrap();
+    a.ticket.on_first_byte(Instant::now());
+    assert_eq!(held(&a_hashes), n);
+    // B is routed there and queued: all of both is held.
+    let mut b = decide_now(&r, &b_req, ctx).unwrap();
+    let b_hashes = b.plan.prefix.block_hashes.clone();
+    assert_eq!(b.plan.candidates[0].matched_tokens, 0, "nothing shared");
+    assert!(b_hashes.len() > 10);
+    assert_eq!((held(&a_hashes), held(&b_hashes)), (n, b_hashes.len()));
+    // B is prefilled: it takes the room of A's least recently used blocks (its tail).
+    b.ticket.on_first_byte(Instant::now());
+    assert_eq!(held(&b_hashes), b_hashes.len());
+    assert_eq!(held(&a_hashes), n + 5 - b_hashes.len());
+    // A again, queued: its evicted tail is predicted again and pending, B stays whole; the
+    // request dropped before its first byte settles its blocks too, and B's tail goes.
+    let c = decide_now(&r, &a_req, ctx).unwrap();
+    assert_eq!((held(&a_hashes), held(&b_hashes)), (n, b_hashes.len()));
+    drop(c);
+    assert_eq!((held(&a_hashes), held(&b_hashes)), (n, 5));
+    let total: usize = r
+        .tables
+        .index
+        .stats()
+        .endpoints
+        .iter()
+        .map(|e| e.pending_blocks)
+        .sum();
+    assert_eq!(total, 0);
+}
+
 #[test]
 fn a_hot_prefix_spills_to_other_endpoints_under_load() {
     let r = tokenized("predicted-ttft", "");

@@ -19,6 +19,7 @@ use super::tables::Tables;
 use crate::config::Config;
 use crate::discovery::Endpoint;
 use crate::health::{is_failure_status, TrialPermit};
+use crate::index::PendingBlocks;
 use crate::load::{InflightGuard, TtftContext};
 use crate::prefix::DeferredPrefix;
 
@@ -83,9 +84,10 @@ impl RestOfPrompt {
             return;
         };
         self.tables.metrics.cache.record_deferred(true);
-        record_blocks(
+        let _ = record_blocks(
             &self.tables,
             self.kv_events,
+            false,
             &self.endpoint,
             &self.model,
             &hashes,
@@ -150,6 +152,9 @@ pub struct Ticket {
     watched: bool,
     /// When the cost model expected the pick's first byte.
     first_byte_due: Instant,
+    /// The prompt's blocks new to the pick (without KV events): held beyond its index capacity
+    /// until the prefill is done (the first byte, or when it was due).
+    pending: Option<PendingBlocks>,
 }
 
 impl Ticket {
@@ -181,6 +186,9 @@ impl Ticket {
     /// prediction itself. Idempotent; a no-op after a real first byte.
     pub fn on_first_byte_due(&mut self) {
         self.guard.prefill_done();
+        if let Some(p) = &mut self.pending {
+            p.prefilled();
+        }
         self.tables.room_freed.notify_one();
     }
 
@@ -225,6 +233,10 @@ impl Ticket {
                 self.guard = actual.load.begin(self.uncached_tokens);
                 self.endpoint = actual;
             }
+            // The pick does not prefill it: its blocks count there as they are.
+            if let Some(p) = &mut self.pending {
+                p.prefilled();
+            }
         }
         if let Some(code) = facts.status {
             // Envoy's own 503 after exhausted retries lands on the last endpoint it tried.
@@ -241,6 +253,9 @@ impl Ticket {
     /// time to first token teaches its learned speed and residual.
     pub fn on_first_byte(&mut self, at: Instant) {
         self.guard.prefill_done();
+        if let Some(p) = &mut self.pending {
+            p.prefilled();
+        }
         // Prefill room freed: a queued request may go now (a no-op without flow control).
         self.tables.room_freed.notify_one();
         if let Some(ctx) = self.ttft.take() {
@@ -317,9 +332,10 @@ pub(super) fn commit(
     tables.arrivals.record(&plan.model, decided_at);
     let guard = primary.load.begin(uncached_tokens);
     let confirmed_blocks = plan.matches[pick].confirmed_blocks;
-    record_blocks(
+    let pending = record_blocks(
         tables,
         state.kv_events(),
+        true,
         &primary,
         &plan.model,
         &plan.prefix.block_hashes,
@@ -373,6 +389,7 @@ pub(super) fn commit(
         trial,
         watched,
         first_byte_due: decided_at + first_byte_in(predicted_ttft_ms),
+        pending,
     };
     Decision {
         plan,
@@ -394,30 +411,37 @@ fn first_byte_in(predicted_ttft_ms: f64) -> std::time::Duration {
 }
 
 /// Predicts that `primary` now holds `hashes` (the prompt's blocks), and offers the decision to
-/// peer instances.
+/// peer instances. Without KV events and for a `routed` request (not the deferred rest of a
+/// prompt), returns the blocks new there, pending until the prefill is done
+/// ([`PendingBlocks`]); with events, the engine's own say when it stores and evicts them.
 fn record_blocks(
-    tables: &Tables,
+    tables: &Arc<Tables>,
     kv_events: bool,
+    routed: bool,
     primary: &Endpoint,
     model: &str,
     hashes: &[u64],
     confirmed_blocks: u32,
-) {
+) -> Option<PendingBlocks> {
     if hashes.is_empty() {
-        return;
+        return None;
+    }
+    if let Some(outbox) = tables.sharing.get() {
+        outbox.offer(primary.address, model, hashes);
     }
     // Only fails for an endpoint id beyond 2^24; the decision stands either way.
-    let _ = if kv_events {
+    if kv_events {
         // Short-lived while the engine's events will confirm them, cut to whole engine
         // blocks, and starting the silence clock.
         let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
-        tables
+        let _ = tables
             .events
-            .record_routed(primary.id, hashes, confirmed_blocks, reported)
+            .record_routed(primary.id, hashes, confirmed_blocks, reported);
+        None
+    } else if routed {
+        tables.index.insert_routed(primary.id, hashes).ok()
     } else {
-        tables.index.insert_predicted(primary.id, hashes)
-    };
-    if let Some(outbox) = tables.sharing.get() {
-        outbox.offer(primary.address, model, hashes);
+        let _ = tables.index.insert_predicted(primary.id, hashes);
+        None
     }
 }
