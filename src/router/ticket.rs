@@ -84,15 +84,15 @@ impl RestOfPrompt {
             return;
         };
         self.tables.metrics.cache.record_deferred(true);
-        let _ = record_blocks(
+        // On its way already: the new text's blocks count at once (the claim drops here).
+        drop(record_blocks(
             &self.tables,
             self.kv_events,
-            false,
             &self.endpoint,
             &self.model,
             &hashes,
             self.confirmed_blocks,
-        );
+        ));
         self.policy
             .record_rest(self.endpoint.address, &hashes, self.block_size_tokens);
     }
@@ -335,7 +335,6 @@ pub(super) fn commit(
     let pending = record_blocks(
         tables,
         state.kv_events(),
-        true,
         &primary,
         &plan.model,
         &plan.prefix.block_hashes,
@@ -411,13 +410,12 @@ fn first_byte_in(predicted_ttft_ms: f64) -> std::time::Duration {
 }
 
 /// Predicts that `primary` now holds `hashes` (the prompt's blocks), and offers the decision to
-/// peer instances. Without KV events and for a `routed` request (not the deferred rest of a
-/// prompt), returns the blocks new there, pending until the prefill is done
-/// ([`PendingBlocks`]); with events, the engine's own say when it stores and evicts them.
+/// peer instances. Without KV events, returns the blocks new there, pending until the prefill
+/// is done ([`PendingBlocks`]: dropped at once, they count at once); with events, the engine's
+/// own say when it stores and evicts them.
 fn record_blocks(
-    tables: &Arc<Tables>,
+    tables: &Tables,
     kv_events: bool,
-    routed: bool,
     primary: &Endpoint,
     model: &str,
     hashes: &[u64],
@@ -438,10 +436,7 @@ fn record_blocks(
             .events
             .record_routed(primary.id, hashes, confirmed_blocks, reported);
         None
-    } else if routed {
-        tables.index.insert_routed(primary.id, hashes).ok()
     } else {
-        let _ = tables.index.insert_predicted(primary.id, hashes);
-        None
+        tables.index.insert_routed(primary.id, hashes).ok()
     }
 }
