@@ -240,11 +240,15 @@ fn concurrent_readers_and_writers_keep_invariants() {
 }
 
 /// A straightforward model of one endpoint: recency list (front = most recent) of
-/// (hash, confirmed media bits, predicted-until).
+/// (hash, confirmed media bits, predicted-until), and the blocks held beyond the capacity for
+/// routed requests not yet prefilled, with the clears since the start (a claim from before a
+/// clear settles nothing).
 #[derive(Default, Clone)]
 struct ModelEndpoint {
     list: VecDeque<(u64, u8, u64)>,
     capacity: usize,
+    pending: usize,
+    clears: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -254,6 +258,10 @@ enum Op {
     Remove(u32, Vec<u64>, Option<Medium>),
     Clear(u32),
     Capacity(u32, usize),
+    /// A request routed to the endpoint with these blocks (its claim kept open).
+    Route(u32, Vec<u64>),
+    /// The prefill of the open claim at this index (modulo their count) is done.
+    Prefilled(usize),
     Advance(u64),
     Lookup(Vec<u64>, Vec<u32>),
 }
@@ -273,6 +281,8 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => (0u32..4, arb_hashes(), proptest::option::of(arb_medium())).prop_map(|(e, h, m)| Op::Remove(e, h, m)),
         1 => (0u32..4).prop_map(Op::Clear),
         1 => (0u32..4, 0usize..8).prop_map(|(e, c)| Op::Capacity(e, c)),
+        2 => (0u32..4, arb_hashes()).prop_map(|(e, h)| Op::Route(e, h)),
+        2 => (0usize..8).prop_map(Op::Prefilled),
         1 => (0u64..1500).prop_map(Op::Advance),
         3 => (arb_hashes(), prop::collection::vec(0u32..5, 0..5)).prop_map(|(h, c)| Op::Lookup(h, c)),
     ]
@@ -282,16 +292,31 @@ const TTL_MS: u64 = 1_000;
 const CAPACITY: usize = 6;
 
 impl ModelEndpoint {
-    fn insert(&mut self, hashes: &[u64], update: impl Fn(&mut (u64, u8, u64))) {
+    /// Inserts `hashes`, last first; with `pending`, each block new here is held beyond the
+    /// capacity (while fewer than the capacity are); returns how many were.
+    fn insert(
+        &mut self,
+        hashes: &[u64],
+        pending: bool,
+        update: impl Fn(&mut (u64, u8, u64)),
+    ) -> usize {
+        let mut counted = 0;
         for &h in hashes.iter().rev() {
             let mut entry = match self.list.iter().position(|e| e.0 == h) {
                 Some(i) => self.list.remove(i).unwrap(),
-                None => (h, 0, 0),
+                None => {
+                    if pending && self.pending < self.capacity {
+                        self.pending += 1;
+                        counted += 1;
+                    }
+                    (h, 0, 0)
+                }
             };
             update(&mut entry);
             self.list.push_front(entry);
-            self.list.truncate(self.capacity);
+            self.list.truncate(self.capacity + self.pending);
         }
+        counted
     }
 
     /// What `OwnershipIndex::remove` does to the endpoint: each of `hashes` loses medium `m`
@@ -340,19 +365,22 @@ proptest! {
     #[test]
     fn index_matches_a_simple_model(ops in prop::collection::vec(arb_op(), 1..60)) {
         let (idx, clock) = index(CAPACITY, TTL_MS);
+        let idx = Arc::new(idx);
         let mut model: Vec<ModelEndpoint> = (0..4)
-            .map(|_| ModelEndpoint { list: VecDeque::new(), capacity: CAPACITY })
+            .map(|_| ModelEndpoint { capacity: CAPACITY, ..ModelEndpoint::default() })
             .collect();
+        // Open claims: the index's, and the model's (endpoint, blocks, clears when taken).
+        let mut claims: Vec<(PendingBlocks, (usize, usize, u64))> = Vec::new();
         for op in ops {
             let now = clock.now_ms();
             match op {
                 Op::Predict(e, h) => {
                     idx.insert_predicted(e, &h).unwrap();
-                    model[e as usize].insert(&h, |x| x.2 = x.2.max(now + TTL_MS));
+                    model[e as usize].insert(&h, false, |x| x.2 = x.2.max(now + TTL_MS));
                 }
                 Op::Confirm(e, h, m) => {
                     idx.insert_confirmed(e, &h, m).unwrap();
-                    model[e as usize].insert(&h, |x| x.1 |= m.bit());
+                    model[e as usize].insert(&h, false, |x| x.1 |= m.bit());
                 }
                 Op::Remove(e, h, m) => {
                     idx.remove(e, &h, m);
@@ -360,13 +388,34 @@ proptest! {
                 }
                 Op::Clear(e) => {
                     idx.clear_endpoint(e);
-                    model[e as usize].list.clear();
+                    let m = &mut model[e as usize];
+                    m.list.clear();
+                    m.pending = 0;
+                    m.clears += 1;
                 }
                 Op::Capacity(e, c) => {
                     idx.set_capacity(e, c).unwrap();
-                    model[e as usize].capacity = c;
-                    model[e as usize].list.truncate(c);
+                    let m = &mut model[e as usize];
+                    m.capacity = c;
+                    m.list.truncate(c + m.pending);
                 }
+                Op::Route(e, h) => {
+                    let claim = idx.insert_routed(e, &h).unwrap();
+                    let m = &mut model[e as usize];
+                    let counted = m.insert(&h, true, |x| x.2 = x.2.max(now + TTL_MS));
+                    prop_assert_eq!(claim.blocks(), counted);
+                    claims.push((claim, (e as usize, counted, m.clears)));
+                }
+                Op::Prefilled(i) if !claims.is_empty() => {
+                    let (mut claim, (e, counted, clears)) = claims.swap_remove(i % claims.len());
+                    claim.prefilled();
+                    let m = &mut model[e];
+                    if m.clears == clears {
+                        m.pending -= counted;
+                        m.list.truncate(m.capacity + m.pending);
+                    }
+                }
+                Op::Prefilled(_) => {}
                 Op::Advance(ms) => clock.advance_ms(ms),
                 Op::Lookup(h, c) => {
                     let got = idx.lookup(&h, &c);
@@ -380,11 +429,13 @@ proptest! {
                     }
                 }
             }
-            // Invariants after every step: capacity respected, map and lists agree.
+            // Invariants after every step: capacity (and pending blocks beyond it) respected,
+            // map and lists agree.
             let stats = idx.stats();
             for s in &stats.endpoints {
                 let m = &model[s.endpoint as usize];
-                prop_assert!(s.blocks <= s.capacity_blocks);
+                prop_assert!(s.blocks <= s.capacity_blocks + s.pending_blocks);
+                prop_assert_eq!(s.pending_blocks, m.pending);
                 prop_assert_eq!(s.blocks, m.list.len());
                 prop_assert_eq!(s.confirmed_blocks, m.list.iter().filter(|x| x.1 != 0).count());
             }

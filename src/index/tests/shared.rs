@@ -22,14 +22,14 @@ fn three_hundred_endpoints_share_a_prefix_in_scrambled_orders() {
     let prefix: Vec<u64> = (1..=40).collect();
     let mut model: Vec<ModelEndpoint> = (0..300)
         .map(|_| ModelEndpoint {
-            list: VecDeque::new(),
             capacity: 1_000,
+            ..ModelEndpoint::default()
         })
         .collect();
     let predict = |idx: &OwnershipIndex, model: &mut [ModelEndpoint], e: EndpointId, h: &[u64]| {
         idx.insert_predicted(e, h).unwrap();
         let until = clock.now_ms() + 10_000;
-        model[e as usize].insert(h, |x| x.2 = x.2.max(until));
+        model[e as usize].insert(h, false, |x| x.2 = x.2.max(until));
     };
     for &e in &scrambled(300) {
         let mut h = prefix.clone();
@@ -69,7 +69,7 @@ fn three_hundred_endpoints_share_a_prefix_in_scrambled_orders() {
         let m = [Medium::Gpu, Medium::Cpu, Medium::Other][k % 3];
         let upto = 10 + k % 31;
         idx.insert_confirmed(e, &prefix[..upto], m).unwrap();
-        model[e as usize].insert(&prefix[..upto], |x| x.1 |= m.bit());
+        model[e as usize].insert(&prefix[..upto], false, |x| x.1 |= m.bit());
     }
     check(&idx, &model, "confirmed");
     // Time passes: unconfirmed predictions expire, confirmed blocks stay.
@@ -190,7 +190,7 @@ proptest! {
     #[test]
     fn widely_shared_blocks_match_the_model(ops in prop::collection::vec(arb_wide_op(), 1..40)) {
         let (idx, clock) = index(CAPACITY, TTL_MS);
-        let fresh = || ModelEndpoint { list: VecDeque::new(), capacity: CAPACITY };
+        let fresh = || ModelEndpoint { capacity: CAPACITY, ..ModelEndpoint::default() };
         let mut model: Vec<ModelEndpoint> = (0..300).map(|_| fresh()).collect();
         for op in ops {
             let now = clock.now_ms();
@@ -198,13 +198,13 @@ proptest! {
                 WideOp::Predict(es, h) => {
                     for e in es {
                         idx.insert_predicted(e, &h).unwrap();
-                        model[e as usize].insert(&h, |x| x.2 = x.2.max(now + TTL_MS));
+                        model[e as usize].insert(&h, false, |x| x.2 = x.2.max(now + TTL_MS));
                     }
                 }
                 WideOp::Confirm(es, h, m) => {
                     for e in es {
                         idx.insert_confirmed(e, &h, m).unwrap();
-                        model[e as usize].insert(&h, |x| x.1 |= m.bit());
+                        model[e as usize].insert(&h, false, |x| x.1 |= m.bit());
                     }
                 }
                 WideOp::Remove(e, h, m) => {
