@@ -373,11 +373,37 @@ impl KvEvents {
         confirmed_blocks: u32,
         reported_block_size: Option<u32>,
     ) -> Result<(), IndexError> {
-        self.record_routed_aged(
+        self.record(
             ep,
             hashes,
             confirmed_blocks,
             reported_block_size,
+            Duration::ZERO,
+            Duration::ZERO,
+        )
+    }
+
+    /// [`Self::record_routed`] for a request expected to wait `wait` before the engine
+    /// prefills it (the decision's predicted time to first token): its predictions last that
+    /// much longer, at most as long as untrusted ones. The engine stores a prompt's blocks,
+    /// and its events confirm them, only when it prefills it; under load that is behind a queue
+    /// longer than `kv_events.trusted_prediction_ttl_ms`, and a prediction timed from the
+    /// decision was gone before the events came (the eviction bench's event-fed arm sent 26 of
+    /// 282 groups returning within 15 s to another replica; without events, 1).
+    pub fn record_routed_waiting(
+        &self,
+        ep: EndpointId,
+        hashes: &[u64],
+        confirmed_blocks: u32,
+        reported_block_size: Option<u32>,
+        wait: Duration,
+    ) -> Result<(), IndexError> {
+        self.record(
+            ep,
+            hashes,
+            confirmed_blocks,
+            reported_block_size,
+            wait,
             Duration::ZERO,
         )
     }
@@ -391,6 +417,26 @@ impl KvEvents {
         hashes: &[u64],
         confirmed_blocks: u32,
         reported_block_size: Option<u32>,
+        age: Duration,
+    ) -> Result<(), IndexError> {
+        self.record(
+            ep,
+            hashes,
+            confirmed_blocks,
+            reported_block_size,
+            Duration::ZERO,
+            age,
+        )
+    }
+
+    /// The predictions of a decision made `age` ago whose prefill was `wait` away then.
+    fn record(
+        &self,
+        ep: EndpointId,
+        hashes: &[u64],
+        confirmed_blocks: u32,
+        reported_block_size: Option<u32>,
+        wait: Duration,
         age: Duration,
     ) -> Result<(), IndexError> {
         let index = &self.inner.shared.index;
@@ -411,8 +457,11 @@ impl KvEvents {
             e => ((blocks as u64 * ours / e * e) / ours) as usize,
         };
         let keep = whole(hashes.len()).min(hashes.len());
-        let Some(ttl) = self
-            .prediction_ttl(ep)
+        let base = self.prediction_ttl(ep);
+        let longest = base.max(index.options().prediction_ttl);
+        let Some(ttl) = base
+            .saturating_add(wait)
+            .min(longest)
             .checked_sub(age)
             .filter(|t| !t.is_zero())
         else {

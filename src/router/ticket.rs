@@ -92,6 +92,7 @@ impl RestOfPrompt {
             &self.model,
             &hashes,
             self.confirmed_blocks,
+            std::time::Duration::ZERO,
         ));
         self.policy
             .record_rest(self.endpoint.address, &hashes, self.block_size_tokens);
@@ -339,6 +340,7 @@ pub(super) fn commit(
         &plan.model,
         &plan.prefix.block_hashes,
         confirmed_blocks,
+        first_byte_in(predicted_ttft_ms),
     );
     let rest = plan.prefix.deferred.clone().map(|prefix| RestOfPrompt {
         prefix,
@@ -412,7 +414,8 @@ fn first_byte_in(predicted_ttft_ms: f64) -> std::time::Duration {
 /// Predicts that `primary` now holds `hashes` (the prompt's blocks), and offers the decision to
 /// peer instances. Without KV events, returns the blocks new there, pending until the prefill
 /// is done ([`PendingBlocks`]: dropped at once, they count at once); with events, the engine's
-/// own say when it stores and evicts them.
+/// own say when it stores and evicts them, and the predictions last `wait` (until the predicted
+/// first byte) longer.
 fn record_blocks(
     tables: &Tables,
     kv_events: bool,
@@ -420,6 +423,7 @@ fn record_blocks(
     model: &str,
     hashes: &[u64],
     confirmed_blocks: u32,
+    wait: std::time::Duration,
 ) -> Option<PendingBlocks> {
     if hashes.is_empty() {
         return None;
@@ -432,9 +436,13 @@ fn record_blocks(
         // Short-lived while the engine's events will confirm them, cut to whole engine
         // blocks, and starting the silence clock.
         let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
-        let _ = tables
-            .events
-            .record_routed(primary.id, hashes, confirmed_blocks, reported);
+        let _ = tables.events.record_routed_waiting(
+            primary.id,
+            hashes,
+            confirmed_blocks,
+            reported,
+            wait,
+        );
         None
     } else {
         tables.index.insert_routed(primary.id, hashes).ok()

@@ -301,3 +301,41 @@ async fn a_port_taken_by_another_socket_is_a_bind_error() {
         "{err}"
     );
 }
+
+/// A request expected to wait before its prefill keeps its predictions on a trusted endpoint
+/// that much longer (the engine's events come only with the prefill), at most as long as an
+/// untrusted endpoint's.
+#[tokio::test(start_paused = true)]
+async fn predictions_of_a_queued_request_last_until_its_expected_prefill() {
+    let mut f = Fixture::new(CONFIG).await;
+    f.store(&(0..64).collect::<Vec<u32>>(), 16);
+    assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(2));
+    let queued: Vec<u32> = (700..764).collect();
+    let other: Vec<u32> = (800..864).collect();
+    let long: Vec<u32> = (900..964).collect();
+    f.events
+        .record_routed_waiting(f.ep, &ours(&queued), 0, None, Duration::from_secs(5))
+        .unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&other), 0, None)
+        .unwrap();
+    f.events
+        .record_routed_waiting(f.ep, &ours(&long), 0, None, Duration::from_secs(600))
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(2001)).await;
+    assert_eq!(f.held(&ours(&other)).blocks, 0, "no wait: the trusted TTL");
+    assert_eq!(f.held(&ours(&queued)).blocks, 4);
+    tokio::time::advance(Duration::from_millis(5000)).await;
+    assert_eq!(
+        f.held(&ours(&queued)).blocks,
+        0,
+        "2 s after the expected prefill"
+    );
+    assert_eq!(f.held(&ours(&long)).blocks, 4);
+    tokio::time::advance(Duration::from_millis(53_000)).await;
+    assert_eq!(
+        f.held(&ours(&long)).blocks,
+        0,
+        "never past the index's 60 s"
+    );
+}
