@@ -94,7 +94,13 @@ impl Router {
     fn record(&self, i: usize, hashes: &[u64], confirmed: u32) {
         match &self.events {
             Some(events) => events
-                .record_routed(self.ids[i], hashes, confirmed, None)
+                .record_routed(
+                    self.ids[i],
+                    hashes,
+                    confirmed,
+                    None,
+                    std::time::Duration::ZERO,
+                )
                 .unwrap(),
             None => self.index.insert_predicted(self.ids[i], hashes).unwrap(),
         }

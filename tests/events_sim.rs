@@ -299,7 +299,7 @@ async fn after_a_restart_no_stale_hit_is_reported() {
     eventually("the stored blocks", || f.held(0, &prompt).blocks == 5).await;
     // The router also predicted the prompt when it routed it.
     f.events
-        .record_routed(f.ids[0], &router_hashes(&prompt), 0, None)
+        .record_routed(f.ids[0], &router_hashes(&prompt), 0, None, Duration::ZERO)
         .unwrap();
 
     let (status, _, _) = call(&f.sims[0].app, "POST", "/admin/restart", None).await;
@@ -443,7 +443,13 @@ async fn a_prefix_is_matched_where_it_lives_even_when_the_router_never_routed_it
     let pick = (0..2).max_by_key(|&i| matches[i].blocks).unwrap();
     assert_eq!(pick, 1);
     f.events
-        .record_routed(f.ids[pick], &hashes, matches[pick].confirmed_blocks, None)
+        .record_routed(
+            f.ids[pick],
+            &hashes,
+            matches[pick].confirmed_blocks,
+            None,
+            Duration::ZERO,
+        )
         .unwrap();
     assert_eq!(f.send(pick, &request).await, 96);
 }

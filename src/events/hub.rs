@@ -366,31 +366,15 @@ impl KvEvents {
     /// is known the silence clock does not start: a prompt shorter than one engine block (128
     /// tokens on vLLM's CPU build) stores nothing and publishes nothing, and counting on an
     /// event for it distrusted healthy engines under short chats.
+    ///
+    /// `wait` is how long the request is expected to wait before the engine prefills it (the
+    /// decision's predicted time to first token): its predictions last that much longer, at
+    /// most as long as untrusted ones. The engine stores a prompt's blocks, and its events
+    /// confirm them, only when it prefills it; under load that is behind a queue longer than
+    /// `kv_events.trusted_prediction_ttl_ms`, and a prediction timed from the decision was gone
+    /// before the events came (the eviction bench's event-fed arm sent 26 of 282 groups
+    /// returning within 15 s to another replica; without events, 1).
     pub fn record_routed(
-        &self,
-        ep: EndpointId,
-        hashes: &[u64],
-        confirmed_blocks: u32,
-        reported_block_size: Option<u32>,
-    ) -> Result<(), IndexError> {
-        self.record(
-            ep,
-            hashes,
-            confirmed_blocks,
-            reported_block_size,
-            Duration::ZERO,
-            Duration::ZERO,
-        )
-    }
-
-    /// [`Self::record_routed`] for a request expected to wait `wait` before the engine
-    /// prefills it (the decision's predicted time to first token): its predictions last that
-    /// much longer, at most as long as untrusted ones. The engine stores a prompt's blocks,
-    /// and its events confirm them, only when it prefills it; under load that is behind a queue
-    /// longer than `kv_events.trusted_prediction_ttl_ms`, and a prediction timed from the
-    /// decision was gone before the events came (the eviction bench's event-fed arm sent 26 of
-    /// 282 groups returning within 15 s to another replica; without events, 1).
-    pub fn record_routed_waiting(
         &self,
         ep: EndpointId,
         hashes: &[u64],
@@ -409,8 +393,9 @@ impl KvEvents {
     }
 
     /// [`Self::record_routed`] for a decision made `age` ago (a peer instance's, learned over
-    /// `sharing`): its predictions expire when they would have had it been ours. Nothing is
-    /// recorded once `age` reaches the TTL.
+    /// `sharing`, which does not carry the decision's wait): its predictions expire when they
+    /// would have had it been ours without a wait. Nothing is recorded once `age` reaches the
+    /// TTL.
     pub fn record_routed_aged(
         &self,
         ep: EndpointId,

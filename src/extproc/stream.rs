@@ -168,7 +168,7 @@ enum Claim {
     /// Nobody's: not routed by us, or the pick id is unknown.
     None,
     /// The picker's own ticket (single-filter set-up), held until the response ends (boxed: a
-    /// ticket is ~220 bytes, the other claims 8).
+    /// ticket is at least 224 bytes, clippy counts, the other claims 8).
     Owned(Box<Ticket>),
     /// A ticket parked by the picker stream, reported to in place.
     Parked(u64),

@@ -183,10 +183,10 @@ pub struct IndexStats {
 /// it prefills the request: under load seconds later, behind the queue. Until then the blocks
 /// new to the endpoint take no engine memory and push nothing out of it, so its capacity
 /// stretches by them (up to twice the capacity). Counted against the capacity from the
-/// decision on, the index ran ahead of the engine by the queue: a replica with 80k prompt
-/// tokens queued and room for 400k dropped prefixes from the index about a fifth sooner than
-/// its engine did, and the policy sent their next requests to another replica to recompute
-/// them (issue 13's eviction workload). Once prefilled the blocks count, and the least recently
+/// decision on, the index ran ahead of the engine by the queue: with 57k-100k prompt tokens
+/// queued on replicas with room for 400k it dropped prefixes their engines still held, and the
+/// policy sent their next requests to another replica to recompute them (issue 13's eviction
+/// workload, docs/bench/tuning-2026-12-03/). Once prefilled the blocks count, and the least recently
 /// used blocks past the capacity go, as the engine's do when it allocates the prompt. Nothing
 /// happens once the endpoint was cleared or retired since the decision.
 pub struct PendingBlocks {
@@ -228,6 +228,11 @@ impl Drop for PendingBlocks {
     fn drop(&mut self) {
         self.prefilled();
     }
+}
+
+/// A holder update that predicts the block held until `until_ms` (or longer, if it already was).
+fn predicted_until(until_ms: u64) -> impl Fn(&mut Holder) {
+    move |h| h.set_predicted_until_ms(h.predicted_until_ms().max(until_ms))
 }
 
 /// Why an index call was refused.
@@ -351,10 +356,7 @@ impl OwnershipIndex {
         hashes: &[u64],
         ttl: Duration,
     ) -> Result<(), IndexError> {
-        let until = self.until_ms(ttl);
-        self.insert(endpoint, hashes, |h| {
-            h.set_predicted_until_ms(h.predicted_until_ms().max(until));
-        })
+        self.insert(endpoint, hashes, predicted_until(self.until_ms(ttl)))
     }
 
     /// Records that the engine confirmed `endpoint` holds `hashes` (ours, re-hashed from its
@@ -377,10 +379,8 @@ impl OwnershipIndex {
         hashes: &[u64],
     ) -> Result<PendingBlocks, IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
-        let until = self.until_ms(self.options.prediction_ttl);
-        let (blocks, generation) = self.insert_into(&state, endpoint, hashes, true, |h| {
-            h.set_predicted_until_ms(h.predicted_until_ms().max(until));
-        });
+        let until = predicted_until(self.until_ms(self.options.prediction_ttl));
+        let (blocks, generation) = self.insert_into(&state, endpoint, hashes, true, until);
         Ok(PendingBlocks {
             index: Arc::clone(self),
             state,

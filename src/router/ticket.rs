@@ -186,6 +186,13 @@ impl Ticket {
     /// endpoint's queue shrinks as it would have), without learning anything from the
     /// prediction itself. Idempotent; a no-op after a real first byte.
     pub fn on_first_byte_due(&mut self) {
+        self.prefill_done();
+    }
+
+    /// The prompt is prefilled: the endpoint's prefill queue shrinks, the prompt's blocks count
+    /// against the pick's index capacity, and a request queued for room may go (a no-op
+    /// without flow control). Idempotent.
+    fn prefill_done(&mut self) {
         self.guard.prefill_done();
         if let Some(p) = &mut self.pending {
             p.prefilled();
@@ -253,12 +260,7 @@ impl Ticket {
     /// The response's first body byte went by at `at`: the prompt is prefilled, and the pick's
     /// time to first token teaches its learned speed and residual.
     pub fn on_first_byte(&mut self, at: Instant) {
-        self.guard.prefill_done();
-        if let Some(p) = &mut self.pending {
-            p.prefilled();
-        }
-        // Prefill room freed: a queued request may go now (a no-op without flow control).
-        self.tables.room_freed.notify_one();
+        self.prefill_done();
         if let Some(ctx) = self.ttft.take() {
             let ttft_ms = at.saturating_duration_since(self.decided_at).as_secs_f64() * 1e3;
             self.endpoint.load.learned.observe(
@@ -333,6 +335,7 @@ pub(super) fn commit(
     tables.arrivals.record(&plan.model, decided_at);
     let guard = primary.load.begin(uncached_tokens);
     let confirmed_blocks = plan.matches[pick].confirmed_blocks;
+    let first_byte = first_byte_in(predicted_ttft_ms);
     let pending = record_blocks(
         tables,
         state.kv_events(),
@@ -340,7 +343,7 @@ pub(super) fn commit(
         &plan.model,
         &plan.prefix.block_hashes,
         confirmed_blocks,
-        first_byte_in(predicted_ttft_ms),
+        first_byte,
     );
     let rest = plan.prefix.deferred.clone().map(|prefix| RestOfPrompt {
         prefix,
@@ -389,7 +392,7 @@ pub(super) fn commit(
         ttft: Some(ttft),
         trial,
         watched,
-        first_byte_due: decided_at + first_byte_in(predicted_ttft_ms),
+        first_byte_due: decided_at + first_byte,
         pending,
     };
     Decision {
@@ -436,13 +439,9 @@ fn record_blocks(
         // Short-lived while the engine's events will confirm them, cut to whole engine
         // blocks, and starting the silence clock.
         let reported = primary.load.engine.last().and_then(|s| s.block_size_tokens);
-        let _ = tables.events.record_routed_waiting(
-            primary.id,
-            hashes,
-            confirmed_blocks,
-            reported,
-            wait,
-        );
+        let _ = tables
+            .events
+            .record_routed(primary.id, hashes, confirmed_blocks, reported, wait);
         None
     } else {
         tables.index.insert_routed(primary.id, hashes).ok()

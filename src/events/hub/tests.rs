@@ -121,14 +121,18 @@ async fn silence_after_routed_work_withdraws_and_the_next_batch_restores() {
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
 
     // A fully cached request stores nothing new: still not suspicious.
-    f.events.record_routed(f.ep, &ours(&a), 4, None).unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&a), 4, None, Duration::ZERO)
+        .unwrap();
     tokio::time::advance(Duration::from_secs(5)).await;
     settle().await;
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
 
     // A request that should store blocks, and nothing comes.
     let b: Vec<u32> = (100..164).collect();
-    f.events.record_routed(f.ep, &ours(&b), 0, None).unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&b), 0, None, Duration::ZERO)
+        .unwrap();
     tokio::time::advance(Duration::from_millis(900)).await;
     settle().await;
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
@@ -168,13 +172,15 @@ async fn silence_waits_for_a_whole_engine_block_of_the_reported_size() {
     let short: Vec<u32> = (0..40).collect(); // 2 blocks of ours, under one 128-token block
     for _ in 0..5 {
         f.events
-            .record_routed(f.ep, &ours(&short), 0, Some(128))
+            .record_routed(f.ep, &ours(&short), 0, Some(128), Duration::ZERO)
             .unwrap();
         tokio::time::advance(Duration::from_millis(600)).await;
         settle().await;
     }
     let long: Vec<u32> = (1000..1300).collect(); // 2 whole engine blocks
-    f.events.record_routed(f.ep, &ours(&long), 0, None).unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&long), 0, None, Duration::ZERO)
+        .unwrap();
     tokio::time::advance(Duration::from_secs(3)).await;
     settle().await;
     assert_eq!(
@@ -185,7 +191,7 @@ async fn silence_waits_for_a_whole_engine_block_of_the_reported_size() {
     assert_eq!(f.events.status()[0].counters.withdrawals, 0);
 
     f.events
-        .record_routed(f.ep, &ours(&long), 0, Some(128))
+        .record_routed(f.ep, &ours(&long), 0, Some(128), Duration::ZERO)
         .unwrap();
     tokio::time::advance(Duration::from_millis(1100)).await;
     settle().await;
@@ -201,7 +207,9 @@ async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() 
     let mut f = Fixture::new(CONFIG).await;
     // Before any batch (distrusted): the full TTL, all blocks.
     let p: Vec<u32> = (500..580).collect(); // 5 blocks of ours
-    f.events.record_routed(f.ep, &ours(&p), 0, None).unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&p), 0, None, Duration::ZERO)
+        .unwrap();
     assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(60));
     tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(f.held(&ours(&p)).blocks, 5);
@@ -211,7 +219,9 @@ async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() 
     assert_eq!(f.events.source_state(f.ep), SourceState::Trusted);
     assert_eq!(f.events.prediction_ttl(f.ep), Duration::from_secs(2));
     let q: Vec<u32> = (700..780).collect();
-    f.events.record_routed(f.ep, &ours(&q), 0, None).unwrap();
+    f.events
+        .record_routed(f.ep, &ours(&q), 0, None, Duration::ZERO)
+        .unwrap();
     assert_eq!(
         f.held(&ours(&q)).blocks,
         4,
@@ -227,7 +237,9 @@ async fn predictions_last_short_while_trusted_and_stop_at_whole_engine_blocks() 
     // An endpoint without a stream: the index's own TTL, untouched.
     let other = 77;
     assert_eq!(f.events.source_state(other), SourceState::Absent);
-    f.events.record_routed(other, &ours(&q), 0, None).unwrap();
+    f.events
+        .record_routed(other, &ours(&q), 0, None, Duration::ZERO)
+        .unwrap();
     assert_eq!(f.index.lookup(&ours(&q), &[other])[0].blocks, 5);
     assert!(!f.events.ingest(other, &[b"", b"", b""]));
 }
@@ -314,13 +326,13 @@ async fn predictions_of_a_queued_request_last_until_its_expected_prefill() {
     let other: Vec<u32> = (800..864).collect();
     let long: Vec<u32> = (900..964).collect();
     f.events
-        .record_routed_waiting(f.ep, &ours(&queued), 0, None, Duration::from_secs(5))
+        .record_routed(f.ep, &ours(&queued), 0, None, Duration::from_secs(5))
         .unwrap();
     f.events
-        .record_routed(f.ep, &ours(&other), 0, None)
+        .record_routed(f.ep, &ours(&other), 0, None, Duration::ZERO)
         .unwrap();
     f.events
-        .record_routed_waiting(f.ep, &ours(&long), 0, None, Duration::from_secs(600))
+        .record_routed(f.ep, &ours(&long), 0, None, Duration::from_secs(600))
         .unwrap();
     tokio::time::advance(Duration::from_millis(2001)).await;
     assert_eq!(f.held(&ours(&other)).blocks, 0, "no wait: the trusted TTL");
