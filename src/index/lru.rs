@@ -3,6 +3,11 @@
 //! number, packed by [`super::OwnershipIndex`]; records never move) and the two links. Slots
 //! are handed to the shard entries so a block found by hash can be touched or unlinked without
 //! a second map.
+//!
+//! A block in use by requests the router sent there and that have not ended is *pinned* (a
+//! count per slot, one byte): the engine cannot evict a running request's blocks, and frees
+//! them, most recent, when the request ends (vLLM's free queue). A pinned slot leaves the list,
+//! so eviction never reaches it; when its last pin goes it is linked back as most recently used.
 
 use super::pages::Pages;
 use super::shard::MAX_SLOT;
@@ -38,6 +43,12 @@ pub(crate) struct EndpointLru {
     pub(crate) generation: u64,
     /// Blocks confirmed by engine events (the rest are predictions).
     pub(crate) confirmed: usize,
+    /// Per slot, how many open requests pin it (0: in the list). Saturates: past 255 a pin is
+    /// refused (its caller does not unpin it either).
+    pins: Pages<u8>,
+    /// Slots with a pin (not in the list). At most `capacity` ([`Self::can_pin`]), so a list
+    /// over its capacity always has an unpinned block to evict.
+    pub(crate) pinned: usize,
     /// The endpoint's id was retired ([`super::OwnershipIndex::retire_endpoint`]): a writer
     /// that took this list before the retirement must add nothing.
     pub(crate) retired: bool,
@@ -55,6 +66,8 @@ impl EndpointLru {
             pending: 0,
             generation: 0,
             confirmed: 0,
+            pins: Pages::default(),
+            pinned: 0,
             retired: false,
         }
     }
@@ -101,6 +114,7 @@ impl EndpointLru {
                 self.nodes.len() <= MAX_SLOT as usize,
                 "recency slots exhausted"
             );
+            self.pins.push(0);
             self.nodes.push(node) as u32
         }
     }
@@ -128,12 +142,56 @@ impl EndpointLru {
         self.len += 1;
     }
 
-    /// Marks `slot` most recently used.
+    /// Marks `slot` most recently used (a pinned slot becomes so when its last pin goes).
     pub(crate) fn touch(&mut self, slot: u32) {
-        if self.head == slot {
+        if self.head == slot || self.pins[slot as usize] > 0 {
             return;
         }
         self.unlink(slot);
+        self.relink_front(slot);
+    }
+
+    /// Whether `n` more slots may be pinned (the pinned stay within the capacity).
+    pub(crate) fn can_pin(&self, n: usize) -> bool {
+        self.pinned.saturating_add(n) <= self.capacity
+    }
+
+    /// Pins linked or pinned `slot` for one more request (out of the list: never evicted);
+    /// returns its record, or `None` when its count is full (then it is not pinned again).
+    /// The caller checks [`Self::can_pin`] first.
+    pub(crate) fn pin(&mut self, slot: u32) -> Option<u32> {
+        let pins = self.pins[slot as usize];
+        if pins == u8::MAX {
+            return None;
+        }
+        if pins == 0 {
+            self.unlink(slot);
+            self.pinned += 1;
+        }
+        self.pins[slot as usize] = pins + 1;
+        Some(self.nodes[slot as usize].record)
+    }
+
+    /// Takes back one pin of `slot`, taken while it held `record`; the last one links it as most
+    /// recently used. Nothing if the slot holds no pin or another block now (it was removed
+    /// since the pin).
+    pub(crate) fn unpin(&mut self, slot: u32, record: u32) {
+        if slot as usize >= self.pins.len() {
+            return;
+        }
+        let pins = self.pins[slot as usize];
+        if pins == 0 || self.nodes[slot as usize].record != record {
+            return;
+        }
+        self.pins[slot as usize] = pins - 1;
+        if pins == 1 {
+            self.pinned -= 1;
+            self.relink_front(slot);
+        }
+    }
+
+    /// Puts unlinked `slot` at the front.
+    fn relink_front(&mut self, slot: u32) {
         let node = &mut self.nodes[slot as usize];
         node.prev = NIL;
         node.next = self.head;
@@ -146,9 +204,14 @@ impl EndpointLru {
         }
     }
 
-    /// Removes `slot`; returns its record.
+    /// Removes `slot` (pinned or not: the engine's word, or a clear); returns its record.
     pub(crate) fn remove(&mut self, slot: u32) -> u32 {
-        self.unlink(slot);
+        if self.pins[slot as usize] > 0 {
+            self.pins[slot as usize] = 0;
+            self.pinned -= 1;
+        } else {
+            self.unlink(slot);
+        }
         let record = self.nodes[slot as usize].record;
         self.release(slot);
         self.len -= 1;
@@ -160,10 +223,10 @@ impl EndpointLru {
         (self.tail != NIL).then(|| (self.tail, self.nodes[self.tail as usize].record))
     }
 
-    /// Every (slot, record), most recent first.
+    /// Every (slot, record) in the list, most recent first; then the pinned ones.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         let mut at = self.head;
-        std::iter::from_fn(move || {
+        let listed = std::iter::from_fn(move || {
             if at == NIL {
                 return None;
             }
@@ -171,7 +234,12 @@ impl EndpointLru {
             let node = self.nodes[slot as usize];
             at = node.next;
             Some((slot, node.record))
-        })
+        });
+        let slots = if self.pinned > 0 { self.pins.len() } else { 0 };
+        let pinned = (0..slots)
+            .filter(move |&i| self.pins[i] > 0)
+            .map(|i| (i as u32, self.nodes[i].record));
+        listed.chain(pinned)
     }
 
     /// Forgets every block and pending claim (capacity kept), releasing memory.
@@ -185,7 +253,7 @@ impl EndpointLru {
 
     /// Heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.nodes.heap_bytes()
+        self.nodes.heap_bytes() + self.pins.heap_bytes()
     }
 
     fn unlink(&mut self, slot: u32) {
@@ -248,5 +316,46 @@ mod tests {
         push(&mut lru, 5);
         assert_eq!(order(&lru), [5]);
         assert_eq!(std::mem::size_of::<Node>(), 12);
+    }
+
+    #[test]
+    fn a_pinned_slot_is_never_the_lru_and_comes_back_most_recent() {
+        let mut lru = EndpointLru::new(3);
+        let a = push(&mut lru, 1);
+        let b = push(&mut lru, 2);
+        let c = push(&mut lru, 3);
+        assert!(lru.can_pin(3) && !lru.can_pin(4));
+        assert_eq!(lru.pin(a), Some(1));
+        assert_eq!(lru.pin(a), Some(1), "a second request");
+        assert_eq!((lru.pinned, lru.len()), (1, 3));
+        assert_eq!(order(&lru), [3, 2, 1], "listed first, then the pinned");
+        assert_eq!(lru.lru(), Some((b, 2)), "the pinned one is skipped");
+        lru.touch(a); // no-op while pinned
+        assert_eq!(lru.lru(), Some((b, 2)));
+        lru.unpin(a, 1);
+        assert_eq!(lru.lru(), Some((b, 2)), "one pin left");
+        lru.unpin(a, 99); // taken for another block: ignored
+        lru.unpin(a, 1);
+        assert_eq!(lru.pinned, 0);
+        assert_eq!(order(&lru), [1, 3, 2], "most recent once its last pin went");
+        lru.unpin(a, 1); // no pin left: ignored
+        assert_eq!(order(&lru), [1, 3, 2]);
+        // A pinned slot removed (the engine's word) frees its pin; a stale unpin is ignored.
+        lru.pin(c);
+        assert_eq!(lru.remove(c), 3);
+        assert_eq!((lru.pinned, lru.len()), (0, 2));
+        let d = push(&mut lru, 4);
+        assert_eq!(d, c, "slot reused");
+        lru.unpin(c, 3);
+        assert_eq!(order(&lru), [4, 1, 2]);
+        // Saturation: a slot pinned 255 times takes no more pins.
+        for _ in 0..255 {
+            assert!(lru.pin(d).is_some());
+        }
+        assert_eq!(lru.pin(d), None);
+        for _ in 0..255 {
+            lru.unpin(d, 4);
+        }
+        assert_eq!((lru.pinned, order(&lru)), (0, vec![4, 1, 2]));
     }
 }

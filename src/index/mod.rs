@@ -160,6 +160,9 @@ pub struct EndpointStats {
     /// Blocks of routed requests not yet prefilled there, held beyond the capacity
     /// ([`PendingBlocks`]).
     pub pending_blocks: usize,
+    /// Blocks pinned by routed requests that have not ended ([`PendingBlocks`]): not evicted
+    /// until they do. At most the capacity.
+    pub pinned_blocks: usize,
 }
 
 /// A snapshot of the index's size.
@@ -189,6 +192,13 @@ pub struct IndexStats {
 /// workload, docs/bench/tuning-2026-12-03/). Once prefilled the blocks count, and the least recently
 /// used blocks past the capacity go, as the engine's do when it allocates the prompt. Nothing
 /// happens once the endpoint was cleared or retired since the decision.
+///
+/// The claim also pins the prompt's blocks there until it is dropped (the request's end): an
+/// engine cannot evict a running request's blocks, and frees them, most recent, when it ends.
+/// Aged from the decision instead, a prefix whose request decoded for a minute under load left
+/// the index while its engine still held it (the same workload: at 60-75 s since a group's
+/// previous request, the index had moved on where the engine still held it). All of a prompt's
+/// blocks are pinned, or none (when that would pin more than the capacity).
 pub struct PendingBlocks {
     index: Arc<OwnershipIndex>,
     state: Arc<Mutex<EndpointLru>>,
@@ -197,6 +207,8 @@ pub struct PendingBlocks {
     generation: u64,
     /// Blocks held beyond the capacity (0 once prefilled).
     blocks: usize,
+    /// (slot, record) of each block pinned, last block first; empty once released.
+    pins: Vec<(u32, u32)>,
 }
 
 impl PendingBlocks {
@@ -213,6 +225,22 @@ impl PendingBlocks {
             self.blocks = 0;
         }
     }
+
+    /// Blocks pinned (0 once released).
+    pub fn pinned(&self) -> usize {
+        self.pins.len()
+    }
+
+    /// The request is over there (it ended, or another endpoint served it): prefilled if it
+    /// was not, and its blocks unpinned, most recent, the prompt's first block ahead (as an
+    /// engine frees them). Idempotent.
+    pub fn release(&mut self) {
+        self.prefilled();
+        if !self.pins.is_empty() {
+            self.index.unpin(self);
+            self.pins = Vec::new();
+        }
+    }
 }
 
 impl std::fmt::Debug for PendingBlocks {
@@ -226,7 +254,7 @@ impl std::fmt::Debug for PendingBlocks {
 
 impl Drop for PendingBlocks {
     fn drop(&mut self) {
-        self.prefilled();
+        self.release();
     }
 }
 
@@ -380,13 +408,16 @@ impl OwnershipIndex {
     ) -> Result<PendingBlocks, IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
         let until = predicted_until(self.until_ms(self.options.prediction_ttl));
-        let (blocks, generation) = self.insert_into(&state, endpoint, hashes, true, until);
+        let mut pins = Vec::new();
+        let (blocks, generation) =
+            self.insert_into(&state, endpoint, hashes, Some(&mut pins), until);
         Ok(PendingBlocks {
             index: Arc::clone(self),
             state,
             endpoint,
             generation,
             blocks,
+            pins,
         })
     }
 
@@ -402,19 +433,20 @@ impl OwnershipIndex {
         update: impl Fn(&mut Holder),
     ) -> Result<(), IndexError> {
         let state = self.endpoint_or_create(endpoint)?;
-        self.insert_into(&state, endpoint, hashes, false, update);
+        self.insert_into(&state, endpoint, hashes, None, update);
         Ok(())
     }
 
-    /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement); with
-    /// `pending`, the blocks added count as pending. Returns how many did, and the list's
-    /// generation.
+    /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement). With
+    /// `routed` (a routed request's claim), the blocks added count as pending and every block is
+    /// pinned, its (slot, record) pushed there, if all fit ([`EndpointLru::can_pin`]). Returns
+    /// how many counted as pending, and the list's generation.
     fn insert_into(
         &self,
         state: &Mutex<EndpointLru>,
         endpoint: EndpointId,
         hashes: &[u64],
-        pending: bool,
+        mut routed: Option<&mut Vec<(u32, u32)>>,
         update: impl Fn(&mut Holder),
     ) -> (usize, u64) {
         let mut lru = state.lock();
@@ -422,11 +454,16 @@ impl OwnershipIndex {
             // Retired since we looked it up: nothing may be added under an id that is free.
             return (0, lru.generation);
         }
+        let pending = routed.is_some();
+        let pin = pending && lru.can_pin(hashes.len());
+        if let (true, Some(pins)) = (pin, routed.as_deref_mut()) {
+            pins.reserve_exact(hashes.len());
+        }
         let mut counted = 0;
         let now = self.now_ms();
         // Last block first: the prefix ends up most recent, so tails are evicted first.
         for &hash in hashes.iter().rev() {
-            {
+            let slot = {
                 let s = self.shard_of(hash);
                 let mut shard = self.shards[s].write();
                 let mut reserved = None;
@@ -435,23 +472,29 @@ impl OwnershipIndex {
                     Ok(Upsert::Updated { was, is }) => {
                         lru.confirmed += usize::from(!was.confirmed() && is.confirmed());
                         lru.touch(is.slot);
+                        Some(is.slot)
                     }
                     Ok(Upsert::Added { record, holder }) => {
                         lru.link_front(holder.slot, self.record_name(s, record));
                         lru.confirmed += usize::from(holder.confirmed());
                         counted += usize::from(pending && lru.add_pending());
+                        Some(holder.slot)
                     }
                     // The shard holds all the blocks it can name: this one is not kept.
                     Err(Full) => {
                         if let Some(slot) = reserved {
                             lru.release(slot);
                         }
+                        None
                     }
                 }
+            };
+            if let (true, Some(slot), Some(pins)) = (pin, slot, routed.as_deref_mut()) {
+                if let Some(record) = lru.pin(slot) {
+                    pins.push((slot, record));
+                }
             }
-            while lru.over_capacity() {
-                self.evict_lru(endpoint, &mut lru, now);
-            }
+            while lru.over_capacity() && self.evict_lru(endpoint, &mut lru, now) {}
         }
         (counted, lru.generation)
     }
@@ -465,21 +508,36 @@ impl OwnershipIndex {
         }
         lru.pending = lru.pending.saturating_sub(claim.blocks);
         let now = self.now_ms();
-        while lru.over_capacity() {
-            self.evict_lru(claim.endpoint, &mut lru, now);
-        }
+        while lru.over_capacity() && self.evict_lru(claim.endpoint, &mut lru, now) {}
     }
 
-    /// Drops the endpoint's least recently used block (the caller holds its lock).
-    fn evict_lru(&self, endpoint: EndpointId, lru: &mut EndpointLru, now: u64) {
-        let Some((slot, name)) = lru.lru() else {
+    /// Takes back a claim's pins, in the order taken (last block first, so the prompt's first
+    /// block ends up most recent). Nothing if the endpoint was cleared or retired since.
+    fn unpin(&self, claim: &PendingBlocks) {
+        let mut lru = claim.state.lock();
+        if lru.retired || lru.generation != claim.generation {
             return;
+        }
+        for &(slot, record) in &claim.pins {
+            lru.unpin(slot, record);
+        }
+        // Over the capacity only if the pins kept it there (a capacity lowered meanwhile).
+        let now = self.now_ms();
+        while lru.over_capacity() && self.evict_lru(claim.endpoint, &mut lru, now) {}
+    }
+
+    /// Drops the endpoint's least recently used unpinned block (the caller holds its lock);
+    /// whether there was one.
+    fn evict_lru(&self, endpoint: EndpointId, lru: &mut EndpointLru, now: u64) -> bool {
+        let Some((slot, name)) = lru.lru() else {
+            return false;
         };
         lru.remove(slot);
         let (shard, record) = self.named(name);
         if let Some(h) = shard.write().remove_at(record, endpoint, now) {
             lru.confirmed -= usize::from(h.confirmed());
         }
+        true
     }
 
     /// Removes `hashes` from `endpoint` (the engine's `BlockRemoved`, re-mapped to our hashes).
@@ -565,9 +623,7 @@ impl OwnershipIndex {
         }
         lru.capacity = blocks;
         let now = self.now_ms();
-        while lru.over_capacity() {
-            self.evict_lru(endpoint, &mut lru, now);
-        }
+        while lru.over_capacity() && self.evict_lru(endpoint, &mut lru, now) {}
         Ok(())
     }
 
@@ -592,6 +648,7 @@ impl OwnershipIndex {
                 confirmed_blocks: lru.confirmed,
                 capacity_blocks: lru.capacity,
                 pending_blocks: lru.pending,
+                pinned_blocks: lru.pinned,
             });
         }
         stats

@@ -1,4 +1,4 @@
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -172,7 +172,7 @@ fn an_insert_that_looked_up_the_endpoint_before_its_retirement_adds_nothing() {
     // A writer (a decision's commit, a KV-event batch) found the state, then lost the race.
     let stale = idx.endpoint(3).unwrap();
     idx.retire_endpoint(3);
-    idx.insert_into(&stale, 3, &[1, 2, 3], false, |h| {
+    idx.insert_into(&stale, 3, &[1, 2, 3], None, |h| {
         h.set_media(Medium::Gpu.bit())
     });
     let stats = idx.stats();
@@ -240,15 +240,26 @@ fn concurrent_readers_and_writers_keep_invariants() {
 }
 
 /// A straightforward model of one endpoint: recency list (front = most recent) of
-/// (hash, confirmed media bits, predicted-until), and the blocks held beyond the capacity for
-/// routed requests not yet prefilled, with the clears since the start (a claim from before a
-/// clear settles nothing).
+/// (hash, confirmed media bits, predicted-until), the blocks held beyond the capacity for
+/// routed requests not yet prefilled, the pins of routed requests not ended (by hash: never
+/// evicted; unpinned last, a block goes to the front), with the clears since the start (a
+/// claim from before a clear settles and unpins nothing).
 #[derive(Default, Clone)]
 struct ModelEndpoint {
     list: VecDeque<(u64, u8, u64)>,
     capacity: usize,
     pending: usize,
+    pins: HashMap<u64, usize>,
     clears: u64,
+}
+
+/// The model's side of an open claim: its endpoint, pending blocks, the endpoint's clears when
+/// it was taken and the blocks it pinned.
+struct ModelClaim {
+    endpoint: usize,
+    pending: usize,
+    clears: u64,
+    pinned: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +273,8 @@ enum Op {
     Route(u32, Vec<u64>),
     /// The prefill of the open claim at this index (modulo their count) is done.
     Prefilled(usize),
+    /// The request of the open claim at this index (modulo their count) ended.
+    Ended(usize),
     Advance(u64),
     Lookup(Vec<u64>, Vec<u32>),
 }
@@ -283,6 +296,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => (0u32..4, 0usize..8).prop_map(|(e, c)| Op::Capacity(e, c)),
         2 => (0u32..4, arb_hashes()).prop_map(|(e, h)| Op::Route(e, h)),
         2 => (0usize..8).prop_map(Op::Prefilled),
+        2 => (0usize..8).prop_map(Op::Ended),
         1 => (0u64..1500).prop_map(Op::Advance),
         3 => (arb_hashes(), prop::collection::vec(0u32..5, 0..5)).prop_map(|(h, c)| Op::Lookup(h, c)),
     ]
@@ -292,15 +306,32 @@ const TTL_MS: u64 = 1_000;
 const CAPACITY: usize = 6;
 
 impl ModelEndpoint {
-    /// Inserts `hashes`, last first; with `pending`, each block new here is held beyond the
-    /// capacity (while fewer than the capacity are); returns how many were.
+    /// Evicts the least recent unpinned blocks while over the capacity and pending blocks.
+    fn evict(&mut self) {
+        while self.list.len() > self.capacity + self.pending {
+            let Some(i) = self
+                .list
+                .iter()
+                .rposition(|e| !self.pins.contains_key(&e.0))
+            else {
+                break;
+            };
+            self.list.remove(i);
+        }
+    }
+
+    /// Inserts `hashes`, last first; with `pending` (a routed request), each block new here is
+    /// held beyond the capacity (while fewer than the capacity are), and every block is pinned
+    /// when all fit within the capacity; returns how many were pending and the blocks pinned.
     fn insert(
         &mut self,
         hashes: &[u64],
         pending: bool,
         update: impl Fn(&mut (u64, u8, u64)),
-    ) -> usize {
+    ) -> (usize, Vec<u64>) {
         let mut counted = 0;
+        let mut pinned = Vec::new();
+        let pin = pending && self.pins.len() + hashes.len() <= self.capacity;
         for &h in hashes.iter().rev() {
             let mut entry = match self.list.iter().position(|e| e.0 == h) {
                 Some(i) => self.list.remove(i).unwrap(),
@@ -314,9 +345,30 @@ impl ModelEndpoint {
             };
             update(&mut entry);
             self.list.push_front(entry);
-            self.list.truncate(self.capacity + self.pending);
+            if pin {
+                *self.pins.entry(h).or_default() += 1;
+                pinned.push(h);
+            }
+            self.evict();
         }
-        counted
+        (counted, pinned)
+    }
+
+    /// A routed request ended: its pins go, in the order taken; a block whose last pin went
+    /// becomes the most recent.
+    fn unpin(&mut self, pinned: &[u64]) {
+        for h in pinned {
+            let Some(n) = self.pins.get_mut(h) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(h);
+                let i = self.list.iter().position(|e| e.0 == *h).unwrap();
+                let entry = self.list.remove(i).unwrap();
+                self.list.push_front(entry);
+            }
+        }
     }
 
     /// What `OwnershipIndex::remove` does to the endpoint: each of `hashes` loses medium `m`
@@ -334,6 +386,7 @@ impl ModelEndpoint {
                 };
                 if !keep {
                     self.list.remove(i);
+                    self.pins.remove(&hash);
                 }
             }
         }
@@ -369,8 +422,8 @@ proptest! {
         let mut model: Vec<ModelEndpoint> = (0..4)
             .map(|_| ModelEndpoint { capacity: CAPACITY, ..ModelEndpoint::default() })
             .collect();
-        // Open claims: the index's, and the model's (endpoint, blocks, clears when taken).
-        let mut claims: Vec<(PendingBlocks, (usize, usize, u64))> = Vec::new();
+        // Open claims: the index's, and the model's.
+        let mut claims: Vec<(PendingBlocks, ModelClaim)> = Vec::new();
         for op in ops {
             let now = clock.now_ms();
             match op {
@@ -382,6 +435,10 @@ proptest! {
                     idx.insert_confirmed(e, &h, m).unwrap();
                     model[e as usize].insert(&h, false, |x| x.1 |= m.bit());
                 }
+                // Removing a pinned block (the engine's word while our request runs there) is
+                // left out: with KV events configured no routed request pins (the router takes
+                // the event-fed path), and a claim identifies its pins by slot, not hash.
+                Op::Remove(e, h, _) if h.iter().any(|x| model[e as usize].pins.contains_key(x)) => {}
                 Op::Remove(e, h, m) => {
                     idx.remove(e, &h, m);
                     model[e as usize].remove(&h, m, now);
@@ -391,31 +448,47 @@ proptest! {
                     let m = &mut model[e as usize];
                     m.list.clear();
                     m.pending = 0;
+                    m.pins.clear();
                     m.clears += 1;
                 }
                 Op::Capacity(e, c) => {
                     idx.set_capacity(e, c).unwrap();
                     let m = &mut model[e as usize];
                     m.capacity = c;
-                    m.list.truncate(c + m.pending);
+                    m.evict();
                 }
                 Op::Route(e, h) => {
                     let claim = idx.insert_routed(e, &h).unwrap();
                     let m = &mut model[e as usize];
-                    let counted = m.insert(&h, true, |x| x.2 = x.2.max(now + TTL_MS));
+                    let (counted, pinned) = m.insert(&h, true, |x| x.2 = x.2.max(now + TTL_MS));
                     prop_assert_eq!(claim.blocks(), counted);
-                    claims.push((claim, (e as usize, counted, m.clears)));
+                    prop_assert_eq!(claim.pinned(), pinned.len());
+                    let clears = m.clears;
+                    claims.push((claim, ModelClaim { endpoint: e as usize, pending: counted, clears, pinned }));
                 }
                 Op::Prefilled(i) if !claims.is_empty() => {
-                    let (mut claim, (e, counted, clears)) = claims.swap_remove(i % claims.len());
+                    let i = i % claims.len();
+                    let (claim, c) = &mut claims[i];
                     claim.prefilled();
-                    let m = &mut model[e];
-                    if m.clears == clears {
-                        m.pending -= counted;
-                        m.list.truncate(m.capacity + m.pending);
+                    let m = &mut model[c.endpoint];
+                    if m.clears == c.clears {
+                        m.pending -= c.pending;
+                        m.evict();
+                    }
+                    c.pending = 0;
+                }
+                Op::Ended(i) if !claims.is_empty() => {
+                    let (claim, c) = claims.swap_remove(i % claims.len());
+                    drop(claim);
+                    let m = &mut model[c.endpoint];
+                    if m.clears == c.clears {
+                        m.pending -= c.pending;
+                        m.evict();
+                        m.unpin(&c.pinned);
+                        m.evict();
                     }
                 }
-                Op::Prefilled(_) => {}
+                Op::Prefilled(_) | Op::Ended(_) => {}
                 Op::Advance(ms) => clock.advance_ms(ms),
                 Op::Lookup(h, c) => {
                     let got = idx.lookup(&h, &c);
@@ -434,8 +507,12 @@ proptest! {
             let stats = idx.stats();
             for s in &stats.endpoints {
                 let m = &model[s.endpoint as usize];
-                prop_assert!(s.blocks <= s.capacity_blocks + s.pending_blocks);
+                // (Pinned blocks stay when the capacity is lowered below them.)
+                prop_assert!(
+                    s.blocks <= s.capacity_blocks.max(s.pinned_blocks) + s.pending_blocks
+                );
                 prop_assert_eq!(s.pending_blocks, m.pending);
+                prop_assert_eq!(s.pinned_blocks, m.pins.len());
                 prop_assert_eq!(s.blocks, m.list.len());
                 prop_assert_eq!(s.confirmed_blocks, m.list.iter().filter(|x| x.1 != 0).count());
             }

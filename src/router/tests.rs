@@ -470,11 +470,13 @@ fn finishing_a_deferred_prompt_predicts_its_new_turn_on_the_pick() {
     );
 }
 
-/// Without KV events a routed prompt's new blocks are pending on its pick until its first
-/// byte: a prompt still queued there pushes no prefix out of the index (its engine has stored
-/// nothing of it yet); once it is prefilled, the least recently used blocks past the capacity go.
+/// The index ages a routed prompt's blocks as its engine does: a prompt still queued there
+/// pushes no prefix out of the index (its engine has stored nothing of it yet); once it is
+/// prefilled, the least recently used blocks past the capacity go, but never those of a
+/// request still running there (the engine cannot evict them); when a request ends, its
+/// blocks are the most recent.
 #[test]
-fn a_queued_prompt_evicts_nothing_from_the_index_until_its_first_byte() {
+fn the_index_evicts_a_prompt_only_once_it_is_prefilled_and_its_request_ended() {
     let r = tokenized("predicted-ttft", "");
     let only = [addr(8001)];
     let ctx = RouteContext {
@@ -494,13 +496,17 @@ fn a_queued_prompt_evicts_nothing_from_the_index_until_its_first_byte() {
     let mut a = decide_now(&r, &a_req, ctx).unwrap();
     let id = a.primary().id;
     let held = |hashes: &[u64]| r.tables.index.lookup(hashes, &[id])[0].blocks as usize;
+    let stats = || r.tables.index.stats().endpoints[id as usize];
     let a_hashes = a.plan.prefix.block_hashes.clone();
     let n = a_hashes.len();
     assert!(n > 20, "{n} blocks");
-    // Room for A and 5 blocks more; A is prefilled.
+    // Room for A and 5 blocks more; A is prefilled and runs: all of it is pinned.
     r.tables.index.set_capacity(id, n + 5).unwrap();
     a.ticket.on_first_byte(Instant::now());
     assert_eq!(held(&a_hashes), n);
+    assert_eq!(stats().pinned_blocks, n);
+    drop(a);
+    assert_eq!(stats().pinned_blocks, 0, "A ended");
     // B is routed there and queued: all of both is held.
     let mut b = decide_now(&r, &b_req, ctx).unwrap();
     let b_hashes = b.plan.prefix.block_hashes.clone();
@@ -511,21 +517,22 @@ fn a_queued_prompt_evicts_nothing_from_the_index_until_its_first_byte() {
     b.ticket.on_first_byte(Instant::now());
     assert_eq!(held(&b_hashes), b_hashes.len());
     assert_eq!(held(&a_hashes), n + 5 - b_hashes.len());
-    // A again, queued: its evicted tail is predicted again and pending, B stays whole; the
-    // request dropped before its first byte settles its blocks too, and B's tail goes.
+    // A again, queued while B runs: its evicted tail is predicted again and pending; dropped
+    // before its first byte (it ended), it settles, and what goes is A's own tail again: B's
+    // blocks are pinned while B runs (its engine could not evict them).
     let c = decide_now(&r, &a_req, ctx).unwrap();
     assert_eq!((held(&a_hashes), held(&b_hashes)), (n, b_hashes.len()));
     drop(c);
+    assert_eq!(
+        (held(&a_hashes), held(&b_hashes)),
+        (n + 5 - b_hashes.len(), b_hashes.len())
+    );
+    // B ends: its blocks become the most recent, and the next prompt pushes out A's first.
+    drop(b);
+    assert_eq!((stats().pending_blocks, stats().pinned_blocks), (0, 0));
+    let d = decide_now(&r, &a_req, ctx).unwrap();
+    drop(d);
     assert_eq!((held(&a_hashes), held(&b_hashes)), (n, 5));
-    let total: usize = r
-        .tables
-        .index
-        .stats()
-        .endpoints
-        .iter()
-        .map(|e| e.pending_blocks)
-        .sum();
-    assert_eq!(total, 0);
 }
 
 #[test]

@@ -154,7 +154,8 @@ pub struct Ticket {
     /// When the cost model expected the pick's first byte.
     first_byte_due: Instant,
     /// The prompt's blocks new to the pick (without KV events): held beyond its index capacity
-    /// until the prefill is done (the first byte, or when it was due).
+    /// until the prefill is done (the first byte, or when it was due), and all of them pinned
+    /// there until the request ends (the ticket's drop).
     pending: Option<PendingBlocks>,
 }
 
@@ -241,9 +242,10 @@ impl Ticket {
                 self.guard = actual.load.begin(self.uncached_tokens);
                 self.endpoint = actual;
             }
-            // The pick does not prefill it: its blocks count there as they are.
+            // The pick neither prefills nor runs it: its blocks count there as they are, and
+            // are not held by this request.
             if let Some(p) = &mut self.pending {
-                p.prefilled();
+                p.release();
             }
         }
         if let Some(code) = facts.status {
