@@ -178,7 +178,12 @@ impl Session {
                         self.replies.extend(refused);
                         continue;
                     }
-                    lanes::run(true, move || raw.decode())
+                    // The tenant is known when the headers came in a message of their own.
+                    let lane = lanes::Lane::Heavy {
+                        tenant: self.stream.tenant().map(str::to_string),
+                        bytes: raw.raw_len(),
+                    };
+                    lanes::run(lane, move || raw.decode())
                         .await
                         .unwrap_or_else(|| Err(Status::unavailable("shutting down")))
                 }

@@ -258,6 +258,14 @@ impl Stream {
         Err(self.reject(Rejection::bodies_busy(), routing.retry_after_s))
     }
 
+    /// The request's trusted tenant, once its headers came.
+    pub fn tenant(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::RequestBody(p) => p.tenant.as_deref(),
+            _ => None,
+        }
+    }
+
     /// How the stream ended (or would end if it ended now).
     pub fn outcome(&self) -> Outcome {
         match self.phase {
@@ -492,13 +500,17 @@ impl Stream {
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
             // Off the async workers, in the lane its size calls for (`super::lanes`): worst-case
             // bodies queue apart from, and run at a lower CPU priority than, everyone else's.
-            let heavy = pending.len > pending.state.config.routing.heavy_body_bytes;
+            let lane = lanes::lane_for(
+                pending.len,
+                pending.state.config.routing.heavy_body_bytes,
+                pending.tenant.as_deref(),
+            );
             let router = Arc::clone(&self.router);
             let request_id = self.request_id.clone();
             let abandoned = Abandoned::default();
             let gone = Arc::clone(&abandoned.0);
             let echoes = self.echoes(slot);
-            let joined = lanes::run(heavy, move || {
+            let joined = lanes::run(lane, move || {
                 // Envoy may have given up on the request while it queued for its lane (client
                 // gone, message timeout): then the stream's future was dropped, and tokenizing
                 // would only take a core from live requests.
@@ -565,11 +577,15 @@ impl Stream {
                     // The text after the prefix the decision used (new text after a cached
                     // prefix, or what the prefix budget left): tokenized and predicted on the
                     // pick once the reply is on its way, in the lane the body's size calls for.
-                    let heavy = pending.len > pending.state.config.routing.heavy_body_bytes;
+                    let lane = lanes::lane_for(
+                        pending.len,
+                        pending.state.config.routing.heavy_body_bytes,
+                        pending.tenant.as_deref(),
+                    );
                     match budget::AFTER_DECISION.hold(rest.held_bytes(), budget::AFTER_DECISION_MAX)
                     {
                         Some(held) => {
-                            tokio::spawn(lanes::run(heavy, move || {
+                            tokio::spawn(lanes::run(lane, move || {
                                 rest.finish();
                                 drop(held);
                             }));

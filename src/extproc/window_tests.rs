@@ -93,7 +93,11 @@ async fn a_stream_waiting_for_the_heavy_lane_does_not_close_its_connection_to_ot
         .map(|_| {
             let (release, released) = std::sync::mpsc::channel::<()>();
             let started_tx = started_tx.clone();
-            let holder = tokio::spawn(lanes::run(true, move || {
+            let lane = lanes::Lane::Heavy {
+                tenant: None,
+                bytes: 1,
+            };
+            let holder = tokio::spawn(lanes::run(lane, move || {
                 let _ = started_tx.send(());
                 let _ = released.recv();
             }));
