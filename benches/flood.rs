@@ -29,6 +29,12 @@
 //! Reported: per round and arm the normal decisions' p50 and p99; over the rounds the median
 //! and a 95% bootstrap CI of each, and of the per-round ratios flooded p99 / unloaded p99.
 //!
+//! `--victim`: tenants in the trusted tenant header, the flood's `flood`, and in every arm one
+//! more client of tenant `victim` sending the 9,999-text-message body (0.5 MiB: a heavy-lane
+//! body) back to back; its decisions' p50 and p90 are reported per arm too (how long another
+//! tenant's long body waits behind a flood in the heavy lane). Run it against another build
+//! with `KVROUTER_BIN=path`.
+//!
 //! `cargo bench --bench flood` (options after `--`: `--rounds 5 --seconds 12 --rate 40
 //! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only;
 //! `--flood-nice 19` runs the flood's client threads at the lowest nice value, `--flood-idle`
@@ -59,6 +65,8 @@ use support::{chat_body, prose};
 /// The model the normal and hostile bodies name (the router tokenizes it with SmolLM2).
 const MODEL: &str = "smollm2";
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// The trusted tenant header under `--victim`.
+const TENANT_HEADER: &str = "x-tenant-id";
 
 struct Options {
     rounds: usize,
@@ -75,6 +83,8 @@ struct Options {
     /// `--only NAME[,NAME]`: flood with these of the hostile bodies only (to tell which costs
     /// what); all of them when unset.
     only: Option<Vec<String>>,
+    /// `--victim`: the flood and a victim client of two tenants (see the module docs).
+    victim: bool,
 }
 
 impl Options {
@@ -94,6 +104,7 @@ impl Options {
                 flood_nice: 0,
                 flood_idle: false,
                 only: None,
+                victim: false,
             }
         } else {
             Options {
@@ -104,8 +115,10 @@ impl Options {
                 flood_nice: 0,
                 flood_idle: false,
                 only: None,
+                victim: false,
             }
         };
+        o.victim = args.iter().any(|a| a == "--victim");
         o.rounds = value("--rounds").map_or(o.rounds, |v| v as usize);
         o.seconds = value("--seconds").unwrap_or(o.seconds);
         o.rate = value("--rate").unwrap_or(o.rate);
@@ -122,10 +135,16 @@ impl Options {
 }
 
 /// Endpoints that are never contacted: decisions only, no probes, no scrapes; `routing` YAML.
-fn router_yaml(routing: &str) -> String {
+fn router_yaml(routing: &str, tenants: bool) -> String {
     let tokenizer = testkit::shared_fixture().display().to_string();
+    let tenancy = if tenants {
+        format!("tenancy: {{header: {TENANT_HEADER}}}\n")
+    } else {
+        String::new()
+    };
     format!(
         "server: {{reload_interval_ms: 0}}\n\
+         {tenancy}\
          routing: {routing}\n\
          health: {{probe: {{enabled: false}}, eject_on_scrape_failures: false, breaker: {{enabled: false}}}}\n\
          load: {{scrape: {{enabled: false}}}}\n\
@@ -213,6 +232,7 @@ enum Ended {
 async fn decide(
     client: &ExternalProcessorClient<Channel>,
     id: &str,
+    tenant: Option<&str>,
     body: bytes::Bytes,
 ) -> (Ended, Duration) {
     let mut client = client.clone();
@@ -224,12 +244,17 @@ async fn decide(
             ..Default::default()
         }),
         request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: headers(&[
-                (":path", "/v1/chat/completions"),
-                (":method", "POST"),
-                ("content-type", "application/json"),
-                ("x-request-id", id),
-            ]),
+            headers: headers(
+                &[
+                    (":path", "/v1/chat/completions"),
+                    (":method", "POST"),
+                    ("content-type", "application/json"),
+                    ("x-request-id", id),
+                ]
+                .into_iter()
+                .chain(tenant.map(|t| (TENANT_HEADER, t)))
+                .collect::<Vec<_>>(),
+            ),
             end_of_stream: false,
             ..Default::default()
         })),
@@ -292,6 +317,8 @@ async fn connect(addr: std::net::SocketAddr) -> ExternalProcessorClient<Channel>
 /// What one arm of one round measured.
 struct ArmResult {
     latencies_ms: Vec<f64>,
+    /// The victim tenant's heavy decisions (`--victim`), sorted.
+    victim_ms: Vec<f64>,
     not_routed: usize,
     hostile_done: u64,
     hostile_statuses: Vec<(Ended, u64)>,
@@ -312,18 +339,24 @@ struct Target {
     _router: testkit::Router,
 }
 
-async fn start_target(dir: &Path, name: &str, routing: &str, flood: &Handle) -> Target {
+async fn start_target(
+    dir: &Path,
+    name: &str,
+    routing: &str,
+    tenants: bool,
+    flood: &Handle,
+) -> Target {
     let dir = dir.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("kvrouter.yaml");
-    std::fs::write(&config, router_yaml(routing)).unwrap();
+    std::fs::write(&config, router_yaml(routing, tenants)).unwrap();
     let router = testkit::Router::start(&testkit::kvrouter_bin(), &dir, &config, "warn")
         .unwrap_or_else(|e| panic!("{e}"));
     router.wait_ready().await.unwrap();
     let normal = connect(router.grpc).await;
     // Warm up: tokenizer loaded, system prompt in the token cache.
     for i in 0..20 {
-        let (ended, _) = decide(&normal, &format!("warm-{i}"), normal_body(i).into()).await;
+        let (ended, _) = decide(&normal, &format!("warm-{i}"), None, normal_body(i).into()).await;
         assert_eq!(ended, Ended::Routed, "a normal request was not routed");
     }
     Target {
@@ -341,8 +374,27 @@ async fn run_arm(
     o: &Options,
     flooded: bool,
     next_id: &AtomicU64,
+    victim_body: Option<bytes::Bytes>,
 ) -> ArmResult {
     let stop = Arc::new(AtomicBool::new(false));
+    let flood_tenant = o.victim.then_some("flood");
+    // The victim's long bodies, back to back on the flood's connection and threads.
+    let victim = victim_body.map(|body| {
+        let (client, stop) = (target.flood.clone(), Arc::clone(&stop));
+        flood_rt.spawn(async move {
+            let mut took = Vec::new();
+            let mut k = 0;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                let id = format!("victim-{k}");
+                let (ended, t) = decide(&client, &id, Some("victim"), body.clone()).await;
+                if ended == Ended::Routed {
+                    took.push(t.as_secs_f64() * 1e3);
+                }
+            }
+            took
+        })
+    });
     let mut flooders = Vec::new();
     if flooded {
         for f in 0..o.flood {
@@ -354,8 +406,8 @@ async fn run_arm(
                 while !stop.load(Ordering::Relaxed) {
                     let (_, body) = &hostile[k % hostile.len()];
                     k += 1;
-                    let (ended, _) =
-                        decide(&client, &format!("hostile-{f}-{k}"), body.clone()).await;
+                    let id = format!("hostile-{f}-{k}");
+                    let (ended, _) = decide(&client, &id, flood_tenant, body.clone()).await;
                     match seen.iter_mut().find(|(e, _)| *e == ended) {
                         Some((_, n)) => *n += 1,
                         None => seen.push((ended, 1)),
@@ -376,7 +428,7 @@ async fn run_arm(
         let i = next_id.fetch_add(1, Ordering::Relaxed) as usize;
         let client = target.normal.clone();
         normals.push(tokio::spawn(async move {
-            decide(&client, &format!("normal-{i}"), normal_body(i).into()).await
+            decide(&client, &format!("normal-{i}"), None, normal_body(i).into()).await
         }));
     }
     let mut latencies_ms = Vec::with_capacity(total);
@@ -400,7 +452,13 @@ async fn run_arm(
         }
     }
     latencies_ms.sort_by(f64::total_cmp);
+    let mut victim_ms = match victim {
+        Some(v) => v.await.unwrap(),
+        None => Vec::new(),
+    };
+    victim_ms.sort_by(f64::total_cmp);
     ArmResult {
+        victim_ms,
         hostile_done: hostile_statuses.iter().map(|(_, n)| n).sum(),
         latencies_ms,
         not_routed,
@@ -473,11 +531,12 @@ fn main() {
     runtime.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
         let targets = [
-            start_target(dir.path(), "default", "{}", &flood).await,
+            start_target(dir.path(), "default", "{}", o.victim, &flood).await,
             start_target(
                 dir.path(),
                 "one-lane",
                 "{heavy_body_bytes: 1099511627776}",
+                o.victim,
                 &flood,
             )
             .await,
@@ -488,6 +547,13 @@ fn main() {
             .collect();
         assert!(!hostile.is_empty(), "--only named no body");
         let hostile = Arc::new(hostile);
+        let victim_body = o.victim.then(|| {
+            hostile_bodies(scale)
+                .into_iter()
+                .find(|(n, _)| *n == "9999-text-messages")
+                .expect("the text-message body")
+                .1
+        });
         for (name, body) in hostile.iter() {
             println!("hostile body {name}: {:.1} MiB", body.len() as f64 / 1048576.0);
         }
@@ -507,11 +573,21 @@ fn main() {
         // (name, target, flooded)
         let arms = [("unloaded", 0, false), ("flooded", 0, true), ("flooded-one-lane", 1, true)];
         let mut rows: Vec<Vec<(f64, f64)>> = vec![Vec::new(); arms.len()];
+        let mut victim_rows: Vec<Vec<(f64, f64)>> = vec![Vec::new(); arms.len()];
         for round in 0..o.rounds {
             for k in 0..arms.len() {
                 let arm = (round + k) % arms.len();
                 let (name, target, flooded) = arms[arm];
-                let r = run_arm(&targets[target], &flood, &hostile, &o, flooded, &next_id).await;
+                let r = run_arm(
+                    &targets[target],
+                    &flood,
+                    &hostile,
+                    &o,
+                    flooded,
+                    &next_id,
+                    victim_body.clone(),
+                )
+                .await;
                 let (p50, p99) = (
                     percentile(&r.latencies_ms, 0.5),
                     percentile(&r.latencies_ms, 0.99),
@@ -527,6 +603,19 @@ fn main() {
                 );
                 assert_eq!(r.not_routed, 0, "normal requests must all be routed");
                 rows[arm].push((p50, p99));
+                if o.victim {
+                    let v = (
+                        percentile(&r.victim_ms, 0.5),
+                        percentile(&r.victim_ms, 0.9),
+                    );
+                    println!(
+                        "round {round} {name:>16}: victim's long bodies n={} p50 {:.1} ms p90 {:.1} ms",
+                        r.victim_ms.len(),
+                        v.0,
+                        v.1
+                    );
+                    victim_rows[arm].push(v);
+                }
             }
         }
         println!("\nover {} rounds: median [95% bootstrap CI]", o.rounds);
@@ -538,6 +627,18 @@ fn main() {
             println!(
                 "{name:>16}: p50 {m50:.2} ms [{l50:.2}, {h50:.2}]  p99 {m99:.2} ms [{l99:.2}, {h99:.2}]"
             );
+        }
+        if o.victim {
+            for (arm, (name, _, _)) in arms.iter().enumerate() {
+                let (m50, l50, h50) =
+                    median_ci(&victim_rows[arm].iter().map(|r| r.0).collect::<Vec<_>>());
+                let (m90, l90, h90) =
+                    median_ci(&victim_rows[arm].iter().map(|r| r.1).collect::<Vec<_>>());
+                println!(
+                    "{name:>16}: victim's long bodies p50 {m50:.1} ms [{l50:.1}, {h50:.1}]  \
+                     p90 {m90:.1} ms [{l90:.1}, {h90:.1}]"
+                );
+            }
         }
         for arm in 1..arms.len() {
             let ratios: Vec<f64> = rows[arm]
