@@ -319,6 +319,8 @@ struct ArmResult {
     latencies_ms: Vec<f64>,
     /// The victim tenant's heavy decisions (`--victim`), sorted.
     victim_ms: Vec<f64>,
+    /// The victim's requests that were not routed (refused, broken).
+    victim_not_routed: usize,
     not_routed: usize,
     hostile_done: u64,
     hostile_statuses: Vec<(Ended, u64)>,
@@ -382,17 +384,17 @@ async fn run_arm(
     let victim = victim_body.map(|body| {
         let (client, stop) = (target.flood.clone(), Arc::clone(&stop));
         flood_rt.spawn(async move {
-            let mut took = Vec::new();
+            let (mut took, mut refused) = (Vec::new(), 0);
             let mut k = 0;
             while !stop.load(Ordering::Relaxed) {
                 k += 1;
                 let id = format!("victim-{k}");
-                let (ended, t) = decide(&client, &id, Some("victim"), body.clone()).await;
-                if ended == Ended::Routed {
-                    took.push(t.as_secs_f64() * 1e3);
+                match decide(&client, &id, Some("victim"), body.clone()).await {
+                    (Ended::Routed, t) => took.push(t.as_secs_f64() * 1e3),
+                    _ => refused += 1,
                 }
             }
-            took
+            (took, refused)
         })
     });
     let mut flooders = Vec::new();
@@ -452,13 +454,14 @@ async fn run_arm(
         }
     }
     latencies_ms.sort_by(f64::total_cmp);
-    let mut victim_ms = match victim {
+    let (mut victim_ms, victim_not_routed) = match victim {
         Some(v) => v.await.unwrap(),
-        None => Vec::new(),
+        None => (Vec::new(), 0),
     };
     victim_ms.sort_by(f64::total_cmp);
     ArmResult {
         victim_ms,
+        victim_not_routed,
         hostile_done: hostile_statuses.iter().map(|(_, n)| n).sum(),
         latencies_ms,
         not_routed,
@@ -609,10 +612,12 @@ fn main() {
                         percentile(&r.victim_ms, 0.9),
                     );
                     println!(
-                        "round {round} {name:>16}: victim's long bodies n={} p50 {:.1} ms p90 {:.1} ms",
+                        "round {round} {name:>16}: victim's long bodies n={} p50 {:.1} ms p90 {:.1} ms \
+                         (not routed {})",
                         r.victim_ms.len(),
                         v.0,
-                        v.1
+                        v.1,
+                        r.victim_not_routed
                     );
                     victim_rows[arm].push(v);
                 }

@@ -110,6 +110,15 @@ struct Pending {
 }
 
 impl Pending {
+    /// The lane its slow work takes (`super::lanes`): by the body's size, turns by its tenant.
+    fn lane(&self) -> lanes::Lane {
+        lanes::lane_for(
+            self.len,
+            self.state.config.routing.heavy_body_bytes,
+            self.tenant.as_deref(),
+        )
+    }
+
     /// The whole body: borrowed when it came in one chunk (BUFFERED always), else joined.
     fn body(&self) -> Cow<'_, [u8]> {
         match self.chunks.as_slice() {
@@ -500,11 +509,7 @@ impl Stream {
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
             // Off the async workers, in the lane its size calls for (`super::lanes`): worst-case
             // bodies queue apart from, and run at a lower CPU priority than, everyone else's.
-            let lane = lanes::lane_for(
-                pending.len,
-                pending.state.config.routing.heavy_body_bytes,
-                pending.tenant.as_deref(),
-            );
+            let lane = pending.lane();
             let router = Arc::clone(&self.router);
             let request_id = self.request_id.clone();
             let abandoned = Abandoned::default();
@@ -577,11 +582,7 @@ impl Stream {
                     // The text after the prefix the decision used (new text after a cached
                     // prefix, or what the prefix budget left): tokenized and predicted on the
                     // pick once the reply is on its way, in the lane the body's size calls for.
-                    let lane = lanes::lane_for(
-                        pending.len,
-                        pending.state.config.routing.heavy_body_bytes,
-                        pending.tenant.as_deref(),
-                    );
+                    let lane = pending.lane();
                     match budget::AFTER_DECISION.hold(rest.held_bytes(), budget::AFTER_DECISION_MAX)
                     {
                         Some(held) => {

@@ -446,7 +446,7 @@ impl OwnershipIndex {
         state: &Mutex<EndpointLru>,
         endpoint: EndpointId,
         hashes: &[u64],
-        mut routed: Option<&mut Vec<(u32, u32)>>,
+        routed: Option<&mut Vec<(u32, u32)>>,
         update: impl Fn(&mut Holder),
     ) -> (usize, u64) {
         let mut lru = state.lock();
@@ -455,8 +455,8 @@ impl OwnershipIndex {
             return (0, lru.generation);
         }
         let pending = routed.is_some();
-        let pin = pending && lru.can_pin(hashes.len());
-        if let (true, Some(pins)) = (pin, routed.as_deref_mut()) {
+        let mut pins = routed.filter(|_| lru.can_pin(hashes.len()));
+        if let Some(pins) = pins.as_deref_mut() {
             pins.reserve_exact(hashes.len());
         }
         let mut counted = 0;
@@ -489,7 +489,7 @@ impl OwnershipIndex {
                     }
                 }
             };
-            if let (true, Some(slot), Some(pins)) = (pin, slot, routed.as_deref_mut()) {
+            if let (Some(slot), Some(pins)) = (slot, pins.as_deref_mut()) {
                 if let Some(record) = lru.pin(slot) {
                     pins.push((slot, record));
                 }
