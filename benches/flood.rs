@@ -544,19 +544,21 @@ fn main() {
             )
             .await,
         ];
-        let hostile: Vec<_> = hostile_bodies(scale)
+        let all = hostile_bodies(scale);
+        // The victim's body, whether or not `--only` floods with it.
+        let victim_body = o.victim.then(|| {
+            let (_, body) = all
+                .iter()
+                .find(|(n, _)| *n == "9999-text-messages")
+                .expect("the text-message body");
+            body.clone()
+        });
+        let hostile: Vec<_> = all
             .into_iter()
             .filter(|(name, _)| o.only.as_ref().is_none_or(|only| only.iter().any(|n| n == name)))
             .collect();
         assert!(!hostile.is_empty(), "--only named no body");
         let hostile = Arc::new(hostile);
-        let victim_body = o.victim.then(|| {
-            hostile_bodies(scale)
-                .into_iter()
-                .find(|(n, _)| *n == "9999-text-messages")
-                .expect("the text-message body")
-                .1
-        });
         for (name, body) in hostile.iter() {
             println!("hostile body {name}: {:.1} MiB", body.len() as f64 / 1048576.0);
         }
