@@ -30,6 +30,7 @@
 //! of them is never an error: the request gets a cheaper identity (the byte estimate, or the
 //! exact prefix tokenized so far) and [`PrefixIdentity::source`] says which.
 
+mod byte_bpe;
 mod bytes;
 mod cache;
 pub mod hash;
@@ -206,6 +207,8 @@ pub enum PrefixError {
 
 #[cfg(test)]
 mod budget_tests;
+#[cfg(test)]
+mod byte_bpe_tests;
 #[cfg(test)]
 mod chunk_tests;
 #[cfg(test)]

@@ -364,6 +364,7 @@ fn load_model(config: &ModelConfig, base_dir: &Path, at: &str) -> Result<ModelEn
         chat_template = tokenizer.has_chat_template(),
         segment_cache = tokenizer.uses_segment_cache(),
         long_message_chunks = tokenizer.uses_chunks(),
+        ids_only_path = tokenizer.uses_fast_path(),
         "tokenizer loaded"
     );
     Ok(ModelEntry {

@@ -32,6 +32,7 @@ use std::time::Instant;
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Tokenizer;
 
+use super::byte_bpe::ByteLevelBpe;
 use super::cache::{SegmentCache, SegmentKey};
 use super::media::{self, MediaAt};
 use super::template::{ChatTemplate, RenderLimits, TokenizerConfigFile};
@@ -152,6 +153,13 @@ pub struct ModelTokenizer {
     chunk_bytes: usize,
     cache: SegmentCache,
     max_prefix_tokens: usize,
+    /// The ids-only path of a byte-level BPE tokenizer, when it has that shape and agreed with
+    /// the HF tokenizer on the probe texts at load.
+    fast: Option<ByteLevelBpe>,
+    /// The ids the post-processor puts before and after a text's own (BOS...), when the
+    /// ids-only path is on and the probe texts showed it does nothing else: completion prompts
+    /// (special tokens added) take the ids-only path too.
+    special_wrap: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -162,6 +170,7 @@ impl std::fmt::Debug for ModelTokenizer {
             .field("chunks_verified", &self.chunks_verified)
             .field("cache", &self.cache)
             .field("max_prefix_tokens", &self.max_prefix_tokens)
+            .field("fast", &self.fast)
             .finish()
     }
 }
@@ -255,6 +264,7 @@ impl ModelTokenizer {
             .transpose()?;
 
         let (added, cut_here) = added_token_automaton(&tokenizer);
+        let fast = ByteLevelBpe::new(&bytes, &tokenizer);
         let mut model = ModelTokenizer {
             tokenizer,
             template,
@@ -265,7 +275,11 @@ impl ModelTokenizer {
             chunk_bytes: CHUNK_BYTES,
             cache: SegmentCache::new(cache_tokens),
             max_prefix_tokens: max_prefix_tokens.max(1),
+            fast: None,
+            special_wrap: None,
         };
+        model.fast = fast.filter(|f| model.verify_fast(f, json_path));
+        model.special_wrap = model.fast.as_ref().and_then(|_| model.find_special_wrap());
         model.segments_verified = model.verify_segments();
         model.chunks_verified = model.segments_verified && model.verify_chunks();
         Ok(model)
@@ -656,6 +670,26 @@ impl ModelTokenizer {
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PrefixError> {
+        match (&self.fast, add_special_tokens, &self.special_wrap) {
+            (Some(fast), false, _) => fast
+                .encode(&self.tokenizer, text)
+                .map_err(PrefixError::Tokenize),
+            (Some(fast), true, Some((before, after))) => {
+                let own = fast
+                    .encode(&self.tokenizer, text)
+                    .map_err(PrefixError::Tokenize)?;
+                let mut ids = Vec::with_capacity(before.len() + own.len() + after.len());
+                ids.extend_from_slice(before);
+                ids.extend(own);
+                ids.extend_from_slice(after);
+                Ok(ids)
+            }
+            _ => self.hf_encode(text, add_special_tokens),
+        }
+    }
+
+    /// The ids of `text` from the HF tokenizer itself.
+    fn hf_encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PrefixError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
@@ -716,6 +750,111 @@ impl ModelTokenizer {
             self.encode(text, false).is_ok_and(|w| w == by_chunks)
         });
         agree && cuts > 0
+    }
+
+    /// True when `fast` gives the HF tokenizer's ids for every probe text (see [`FAST_PROBE`]):
+    /// a tokenizer whose pipeline looks byte-level but behaves otherwise keeps the HF path.
+    fn verify_fast(&self, fast: &ByteLevelBpe, path: &Path) -> bool {
+        let mut probes = probe_texts(self.template.as_ref());
+        probes.push(CHUNK_PROBE.to_string());
+        probes.push(FAST_PROBE.to_string());
+        // Every added token, between text and beside one another.
+        let mut added: Vec<String> = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect();
+        added.sort();
+        probes.extend(
+            added
+                .chunks(64)
+                .map(|c| format!("x{} y{}z ", c.join(" a"), c.join(""))),
+        );
+        let agree = probes.iter().all(|text| {
+            let hf = self.hf_encode(text, false);
+            hf.is_ok() && hf.ok() == fast.encode(&self.tokenizer, text).ok()
+        });
+        if !agree {
+            tracing::warn!(
+                tokenizer = %path.display(),
+                "the ids-only byte-level path disagrees with the tokenizer on a probe text: \
+                 this model tokenizes through the HF tokenizer's full path (slower on long prompts)"
+            );
+        }
+        agree
+    }
+
+    /// What the post-processor adds around a text's ids when special tokens are added, if that
+    /// is all it does on every probe text (`None`: completion prompts take the HF path).
+    fn find_special_wrap(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let mut probes = probe_texts(self.template.as_ref());
+        probes.push(CHUNK_PROBE.to_string());
+        probes.push(FAST_PROBE.to_string());
+        let wrap = |text: &str| -> Option<(Vec<u32>, Vec<u32>)> {
+            let own = self.hf_encode(text, false).ok()?;
+            let all = self.hf_encode(text, true).ok()?;
+            let extra = all.len().checked_sub(own.len())?;
+            (0..=extra)
+                .find(|&k| all[k..k + own.len()] == own[..])
+                .map(|k| (all[..k].to_vec(), all[k + own.len()..].to_vec()))
+        };
+        let first = wrap(&probes[0])?;
+        probes
+            .iter()
+            .all(|text| {
+                let Ok(all) = self.hf_encode(text, true) else {
+                    return false;
+                };
+                let Ok(own) = self.hf_encode(text, false) else {
+                    return false;
+                };
+                all.len() == first.0.len() + own.len() + first.1.len()
+                    && all.starts_with(&first.0)
+                    && all.ends_with(&first.1)
+                    && all[first.0.len()..first.0.len() + own.len()] == own[..]
+            })
+            .then_some(first)
+    }
+
+    /// `text`'s ids from the HF tokenizer and, when this model has it, from the ids-only path.
+    #[cfg(test)]
+    pub(crate) fn encode_both_ways(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> (Vec<u32>, Option<Vec<u32>>) {
+        let fast = self.fast.is_some() && (!add_special_tokens || self.special_wrap.is_some());
+        (
+            self.hf_encode(text, add_special_tokens)
+                .expect("the HF tokenizer encodes"),
+            fast.then(|| {
+                self.encode(text, add_special_tokens)
+                    .expect("the fast path encodes")
+            }),
+        )
+    }
+
+    /// True when completion prompts (special tokens added) take the ids-only path too.
+    #[cfg(test)]
+    pub(crate) fn wraps_specials(&self) -> bool {
+        self.special_wrap.is_some()
+    }
+
+    /// The contents of the tokenizer's added tokens.
+    #[cfg(test)]
+    pub(crate) fn added_token_contents(&self) -> Vec<String> {
+        self.tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect()
+    }
+
+    /// True when prompts are tokenized by the ids-only byte-level path (see
+    /// `super::byte_bpe`).
+    pub fn uses_fast_path(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// Tokenizes a probe conversation whole and by segments; true when they agree.
@@ -813,6 +952,16 @@ const CHUNK_PROBE: &str = "It's a test of the cut rule: we'll see if Words split
     Numbers 12 and 345 sit beside words, x86 word5 H100 a1b2 x y z, CamelCase Words, don't stop now! \
     Café au lait, naïve résumé and Zürich are words too; the end came (at last) here \
     and a b c d e f g h i j k l m n o p q r s t u v w x y z then THE END is near";
+
+/// Text for the load-time check of the ids-only path: scripts, digits, punctuation runs,
+/// contractions in both cases, whitespace runs before words and at the end, control and
+/// combining characters, emoji with joiners, bytes that are not printable Latin-1.
+const FAST_PROBE: &str = "I'm HERE, you'RE there; they'll've gone.  Don't\tSTOP!!!\r\n\r\n  \
+    Numbers: 1234567 3.14159 -42 1e9 ٣٤٥ ௧௨ Ⅻ ½. Code: fn main() { let x_1 = a->b[0] >= 2; } \
+    // comment /* c */ #include <stdio.h> $PATH ~/x.rs @user #tag 100% 50/50 <<<>>> ... --- === \
+    Ελληνικά кириллица العربية עברית हिन्दी ไทย 한국어 日本語のテキスト 中文文本 \
+    café naïve Zürich e\u{301} a\u{308} Å Å ﬁ ① ｆｕｌｌ \u{0}\u{7}\u{1b}[0m \u{a0}nbsp\u{2003}em \
+    😀 👩‍👩‍👧 🇫🇷 ✈️ \u{fffd} \u{10ffff}   \n\n\n   trailing   ";
 
 /// The first chunk cut of `text[..end]` at or after `from`: a position `p` with an ASCII letter
 /// or digit before it, then a single space and an ASCII letter (`...word5| word...`). The
