@@ -159,6 +159,31 @@ fn bench_prefix(c: &mut Criterion) {
     }
     g.finish();
 
+    // Text of words never seen before (random letters): every word misses the ids-only path's
+    // word cache and goes to the BPE model; against the HF tokenizer's own full encode of the
+    // same text (what the router ran before the ids-only path).
+    let mut g = c.benchmark_group("tokenize_unseen_words_500");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let hf = tokenizers::Tokenizer::from_file(testkit::shared_fixture().join("tokenizer.json"))
+        .expect("the fixture's tokenizer.json");
+    g.bench_function("hf_full_encode", |b| {
+        b.iter_batched(
+            || unseen_words(next(), 500),
+            |text| black_box(hf.encode_fast(text.as_str(), true).unwrap().get_ids().len()),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("router", |b| {
+        b.iter_batched(
+            || unseen_words(next(), 500),
+            |text| black_box(t_cold.tokenize_text(&text).unwrap().ids.len()),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("tokenize_4k_chat_parts");
     g.sample_size(20)
         .warm_up_time(Duration::from_secs(1))
@@ -325,6 +350,25 @@ fn bench_hostile(c: &mut Criterion) {
         );
     }
     g.finish();
+}
+
+/// `words` words of 3-9 random lowercase letters, different for every `seed`.
+fn unseen_words(seed: usize, words: usize) -> String {
+    let mut x = (seed as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut out = String::with_capacity(words * 7);
+    for _ in 0..words {
+        for _ in 0..3 + next() % 7 {
+            out.push((b'a' + (next() % 26) as u8) as char);
+        }
+        out.push(' ');
+    }
+    out
 }
 
 criterion_group!(benches, bench_prefix, bench_hostile);
