@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use tokenizers::{Model, NormalizedString, Normalizer, Tokenizer};
@@ -33,6 +33,10 @@ const GPT2_SPLIT: &str =
 /// Words held by the word cache before it starts over (a word and its ids are ~60 bytes: a few
 /// MB at most).
 const WORD_CACHE_ENTRIES: usize = 65_536;
+
+/// Words looked up between two chances for a waiting writer to update the cache
+/// ([`RwLockReadGuard::bump`]): a long prompt holds the read lock for ~50 us at a time at most.
+const WORDS_PER_BUMP: usize = 256;
 
 /// Words longer than this are not cached (a run of spaces or a base64 blob seldom repeats).
 const WORD_CACHE_MAX_BYTES: usize = 64;
@@ -184,30 +188,38 @@ impl ByteLevelBpe {
         let mut run = Run {
             encoder: self,
             model: tokenizer.get_model(),
+            words: self.words.read(),
+            since_bump: 0,
             ids: Vec::with_capacity(text.len() / 3 + 1),
             fresh: Vec::new(),
             mapped: String::new(),
         };
-        {
-            let words = self.words.read();
-            self.each_piece(&self.raw_added, text, &mut |piece| match piece {
-                Piece::Added(id) => {
-                    run.ids.push(id);
-                    Ok(())
-                }
-                Piece::Text(text) => self.normalized_piece(tokenizer, text, &words, &mut run),
-            })?;
-        }
-        if !run.fresh.is_empty() {
-            // Never wait for other encodes to finish reading: a busy cache just misses these.
-            if let Some(mut words) = self.words.try_write() {
-                if words.len() + run.fresh.len() > WORD_CACHE_ENTRIES {
-                    words.clear();
-                }
-                words.extend(run.fresh);
+        self.each_piece(&self.raw_added, text, &mut |piece| match piece {
+            Piece::Added(id) => {
+                run.ids.push(id);
+                Ok(())
             }
+            Piece::Text(text) => self.normalized_piece(tokenizer, text, &mut run),
+        })?;
+        let Run {
+            ids, fresh, words, ..
+        } = run;
+        drop(words);
+        if !fresh.is_empty() {
+            // Waits for other encodes' current stretch of words at most (they bump).
+            let mut words = self.words.write();
+            if words.len() + fresh.len() > WORD_CACHE_ENTRIES {
+                words.clear();
+            }
+            words.extend(fresh);
         }
-        Ok(run.ids)
+        Ok(ids)
+    }
+
+    /// Words in the cache.
+    #[cfg(test)]
+    pub(crate) fn cached_words(&self) -> usize {
+        self.words.read().len()
     }
 
     /// `text` (between two unnormalized added tokens), normalized, split at normalized added
@@ -216,7 +228,6 @@ impl ByteLevelBpe {
         &self,
         tokenizer: &Tokenizer,
         text: &str,
-        words: &WordMap,
         run: &mut Run<'_>,
     ) -> Result<(), String> {
         let normalized;
@@ -241,7 +252,7 @@ impl ByteLevelBpe {
                 run.ids.push(id);
                 Ok(())
             }
-            Piece::Text(text) => self.split(0, text, &mut |word| run.word(word, words)),
+            Piece::Text(text) => self.split(0, text, &mut |word| run.word(word)),
         })
     }
 
@@ -313,6 +324,9 @@ enum Piece<'t> {
 struct Run<'e> {
     encoder: &'e ByteLevelBpe,
     model: &'e tokenizers::models::ModelWrapper,
+    /// The word cache, read-locked for the run (bumped every [`WORDS_PER_BUMP`] words).
+    words: RwLockReadGuard<'e, WordMap>,
+    since_bump: usize,
     ids: Vec<u32>,
     /// Words encoded by the model in this run, for the cache.
     fresh: Vec<(Box<str>, Box<[u32]>)>,
@@ -321,8 +335,13 @@ struct Run<'e> {
 }
 
 impl Run<'_> {
-    fn word(&mut self, word: &str, words: &WordMap) -> Result<(), String> {
-        if let Some(ids) = words.get(word) {
+    fn word(&mut self, word: &str) -> Result<(), String> {
+        self.since_bump += 1;
+        if self.since_bump == WORDS_PER_BUMP {
+            self.since_bump = 0;
+            RwLockReadGuard::bump(&mut self.words);
+        }
+        if let Some(ids) = self.words.get(word) {
             self.ids.extend_from_slice(ids);
             return Ok(());
         }

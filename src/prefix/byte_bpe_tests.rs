@@ -214,3 +214,43 @@ fn long_text_twice_gives_the_same_ids_from_the_word_cache() {
         assert_eq!(Some(&hf), second.as_ref(), "{name}, from the cache");
     }
 }
+
+#[test]
+fn concurrent_encodes_agree_and_fill_the_word_cache() {
+    // A fresh tokenizer, four threads encoding different texts at once: every
+    // result is the HF tokenizer's, and the words they met are cached afterwards although the
+    // threads were reading the cache all along.
+    let t = load(&fetched("qwen3"));
+    // The load-time check's probe texts are cached already.
+    let before = t.cached_words();
+    let texts: Vec<String> = (0..4u64)
+        .map(|k| {
+            let mut x = k + 1;
+            let mut text = String::new();
+            while text.len() < 20_000 {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                text.push_str(PIECES[(x >> 33) as usize % PIECES.len()]);
+                text.push(' ');
+            }
+            text
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for text in &texts {
+            let t = &t;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    let (hf, fast) = t.encode_both_ways(text, false);
+                    assert_eq!(Some(hf), fast);
+                }
+            });
+        }
+    });
+    assert!(
+        t.cached_words() >= before + 50,
+        "{before} words cached after loading, {} after four threads' encodes",
+        t.cached_words()
+    );
+}

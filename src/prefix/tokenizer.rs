@@ -835,6 +835,12 @@ impl ModelTokenizer {
         )
     }
 
+    /// Words in the ids-only path's word cache (0 without the path).
+    #[cfg(test)]
+    pub(crate) fn cached_words(&self) -> usize {
+        self.fast.as_ref().map_or(0, ByteLevelBpe::cached_words)
+    }
+
     /// True when completion prompts (special tokens added) take the ids-only path too.
     #[cfg(test)]
     pub(crate) fn wraps_specials(&self) -> bool {
