@@ -21,8 +21,7 @@ use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use parking_lot::{RwLock, RwLockReadGuard};
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+use tokenizers::models::ModelWrapper;
 use tokenizers::{Model, NormalizedString, Normalizer, Tokenizer};
 
 /// The GPT-2 pre-tokenizer regex that a `ByteLevel` pre-tokenizer with `use_regex: true` applies
@@ -40,31 +39,6 @@ const WORDS_PER_BUMP: usize = 256;
 
 /// Words longer than this are not cached (a run of spaces or a base64 blob seldom repeats).
 const WORD_CACHE_MAX_BYTES: usize = 64;
-
-/// What [`ByteLevelBpe::new`] reads of a `tokenizer.json`: the pipeline's shape, not its
-/// vocabulary.
-#[derive(Deserialize)]
-struct Shape {
-    #[serde(default)]
-    normalizer: Option<serde_json::Value>,
-    #[serde(default)]
-    pre_tokenizer: Option<serde_json::Value>,
-    model: ModelShape,
-}
-
-#[derive(Deserialize)]
-struct ModelShape {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    dropout: Option<f64>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    vocab: IgnoredAny,
-    #[serde(default)]
-    #[allow(dead_code)]
-    merges: IgnoredAny,
-}
 
 /// How a piece between added tokens is normalized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +82,7 @@ pub struct ByteLevelBpe {
     /// Byte -> its character in the byte-level alphabet.
     alphabet: [char; 256],
     /// Word (before the byte-level mapping) -> its ids.
-    words: RwLock<HashMap<Box<str>, Box<[u32]>, ahash::RandomState>>,
+    words: RwLock<WordMap>,
 }
 
 impl std::fmt::Debug for ByteLevelBpe {
@@ -122,30 +96,34 @@ impl std::fmt::Debug for ByteLevelBpe {
 }
 
 impl ByteLevelBpe {
-    /// The encoder for `tokenizer`, loaded from `json` (its `tokenizer.json`), when its pipeline
-    /// is one this path reproduces: a BPE model without dropout; no normalizer, NFC, or another
+    /// The encoder for `tokenizer`, when its pipeline (read back from the loaded tokenizer, not
+    /// from the file again) is one this path reproduces: a BPE model without dropout; no normalizer, NFC, or another
     /// normalizer that runs as the HF tokenizer's own; a pre-tokenizer that is `ByteLevel`
     /// (without `add_prefix_space`) or a sequence of isolating, non-inverted regex `Split`s ending
     /// in one; added tokens that strip no whitespace and need no word boundary. `None`
     /// otherwise (SentencePiece-style tokenizers such as Gemma's take the HF path).
-    pub fn new(json: &[u8], tokenizer: &Tokenizer) -> Option<ByteLevelBpe> {
-        let shape: Shape = serde_json::from_slice(json).ok()?;
-        if shape.model.kind.as_deref() != Some("BPE") || shape.model.dropout.is_some() {
-            return None;
+    pub fn new(tokenizer: &Tokenizer) -> Option<ByteLevelBpe> {
+        match tokenizer.get_model() {
+            ModelWrapper::BPE(bpe) if bpe.dropout.is_none() => {}
+            _ => return None,
         }
-        let normalize = match &shape.normalizer {
-            None | Some(serde_json::Value::Null) => Normalize::No,
-            Some(n) if n["type"] == "Sequence" && n["normalizers"].as_array()?.is_empty() => {
-                Normalize::No
+        // The normalizer and pre-tokenizer as their `tokenizer.json` entries: small, unlike
+        // the model's vocabulary.
+        let normalize = match tokenizer.get_normalizer() {
+            None => Normalize::No,
+            Some(n) => {
+                let n = serde_json::to_value(n).ok()?;
+                if n["type"] == "Sequence" && n["normalizers"].as_array()?.is_empty() {
+                    Normalize::No
+                } else {
+                    Normalize::Model {
+                        ascii_unchanged: n["type"] == "NFC",
+                    }
+                }
             }
-            Some(n) => Normalize::Model {
-                ascii_unchanged: n["type"] == "NFC",
-            },
         };
-        if normalize != Normalize::No && tokenizer.get_normalizer().is_none() {
-            return None;
-        }
-        let splits = pre_tokenizer_splits(shape.pre_tokenizer.as_ref()?)?
+        let pre_tokenizer = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
+        let splits = pre_tokenizer_splits(&pre_tokenizer)?
             .iter()
             .map(|pattern| onig::Regex::new(pattern).ok())
             .collect::<Option<Vec<_>>>()?;
@@ -182,15 +160,21 @@ impl ByteLevelBpe {
         })
     }
 
-    /// The ids of `text` as `tokenizer.encode_fast(text, false)` gives them (`tokenizer` is the
-    /// one this encoder was built for).
-    pub fn encode(&self, tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
+    /// Appends to `ids` the ids of `text` as `tokenizer.encode_fast(text, false)` gives them
+    /// (`tokenizer` is the one this encoder was built for).
+    pub fn encode_into(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), String> {
+        ids.reserve(text.len() / 3 + 1);
         let mut run = Run {
             encoder: self,
             model: tokenizer.get_model(),
             words: self.words.read(),
             since_bump: 0,
-            ids: Vec::with_capacity(text.len() / 3 + 1),
+            ids,
             fresh: Vec::new(),
             mapped: String::new(),
         };
@@ -201,9 +185,7 @@ impl ByteLevelBpe {
             }
             Piece::Text(text) => self.normalized_piece(tokenizer, text, &mut run),
         })?;
-        let Run {
-            ids, fresh, words, ..
-        } = run;
+        let Run { fresh, words, .. } = run;
         drop(words);
         if !fresh.is_empty() {
             // Waits for other encodes' current stretch of words at most (they bump).
@@ -213,7 +195,7 @@ impl ByteLevelBpe {
             }
             words.extend(fresh);
         }
-        Ok(ids)
+        Ok(())
     }
 
     /// Words in the cache.
@@ -323,11 +305,11 @@ enum Piece<'t> {
 /// One encode's state.
 struct Run<'e> {
     encoder: &'e ByteLevelBpe,
-    model: &'e tokenizers::models::ModelWrapper,
+    model: &'e ModelWrapper,
     /// The word cache, read-locked for the run (bumped every [`WORDS_PER_BUMP`] words).
     words: RwLockReadGuard<'e, WordMap>,
     since_bump: usize,
-    ids: Vec<u32>,
+    ids: &'e mut Vec<u32>,
     /// Words encoded by the model in this run, for the cache.
     fresh: Vec<(Box<str>, Box<[u32]>)>,
     /// Scratch: a word in the byte-level alphabet.

@@ -51,6 +51,13 @@ fn byte_level_tokenizers_take_the_ids_only_path_and_others_do_not() {
             "{name}'s post-processor only adds around the text"
         );
     }
+    // The check at load can refuse: Qwen 3's encoder (its added tokens, its split) does not give
+    // Llama 3's ids.
+    let (llama, qwen) = (&byte_level()[2].1, &byte_level()[1].1);
+    let foreign = ModelTokenizer::fast_encoder_of(qwen).expect("qwen3 is byte-level");
+    assert!(!llama.verify_fast(&foreign, Path::new("qwen3 for llama3")));
+    let own = ModelTokenizer::fast_encoder_of(llama).expect("llama3 is byte-level");
+    assert!(llama.verify_fast(&own, Path::new("llama3")));
     // Gemma 3: SentencePiece-style (a space-replacing normalizer, byte fallback), not byte-level.
     assert!(!load(&fetched("gemma3")).uses_fast_path());
 }

@@ -264,7 +264,7 @@ impl ModelTokenizer {
             .transpose()?;
 
         let (added, cut_here) = added_token_automaton(&tokenizer);
-        let fast = ByteLevelBpe::new(&bytes, &tokenizer);
+        let fast = ByteLevelBpe::new(&tokenizer);
         let mut model = ModelTokenizer {
             tokenizer,
             template,
@@ -670,22 +670,32 @@ impl ModelTokenizer {
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PrefixError> {
-        match (&self.fast, add_special_tokens, &self.special_wrap) {
-            (Some(fast), false, _) => fast
-                .encode(&self.tokenizer, text)
+        self.fast_encode(text, add_special_tokens)
+            .unwrap_or_else(|| self.hf_encode(text, add_special_tokens))
+    }
+
+    /// The ids of `text` from the ids-only path, when it serves this call: the path is on and,
+    /// with special tokens, the post-processor's wrap is known.
+    fn fast_encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Option<Result<Vec<u32>, PrefixError>> {
+        let fast = self.fast.as_ref()?;
+        let (before, after): (&[u32], &[u32]) = match (add_special_tokens, &self.special_wrap) {
+            (false, _) => (&[], &[]),
+            (true, Some((before, after))) => (before, after),
+            (true, None) => return None,
+        };
+        let mut ids = before.to_vec();
+        Some(
+            fast.encode_into(&self.tokenizer, text, &mut ids)
+                .map(|()| {
+                    ids.extend_from_slice(after);
+                    ids
+                })
                 .map_err(PrefixError::Tokenize),
-            (Some(fast), true, Some((before, after))) => {
-                let own = fast
-                    .encode(&self.tokenizer, text)
-                    .map_err(PrefixError::Tokenize)?;
-                let mut ids = Vec::with_capacity(before.len() + own.len() + after.len());
-                ids.extend_from_slice(before);
-                ids.extend(own);
-                ids.extend_from_slice(after);
-                Ok(ids)
-            }
-            _ => self.hf_encode(text, add_special_tokens),
-        }
+        )
     }
 
     /// The ids of `text` from the HF tokenizer itself.
@@ -754,17 +764,10 @@ impl ModelTokenizer {
 
     /// True when `fast` gives the HF tokenizer's ids for every probe text (see [`FAST_PROBE`]):
     /// a tokenizer whose pipeline looks byte-level but behaves otherwise keeps the HF path.
-    fn verify_fast(&self, fast: &ByteLevelBpe, path: &Path) -> bool {
-        let mut probes = probe_texts(self.template.as_ref());
-        probes.push(CHUNK_PROBE.to_string());
-        probes.push(FAST_PROBE.to_string());
+    pub(super) fn verify_fast(&self, fast: &ByteLevelBpe, path: &Path) -> bool {
+        let mut probes = self.fast_probes();
         // Every added token, between text and beside one another.
-        let mut added: Vec<String> = self
-            .tokenizer
-            .get_added_tokens_decoder()
-            .into_values()
-            .map(|t| t.content)
-            .collect();
+        let mut added = self.added_token_contents();
         added.sort();
         probes.extend(
             added
@@ -772,8 +775,11 @@ impl ModelTokenizer {
                 .map(|c| format!("x{} y{}z ", c.join(" a"), c.join(""))),
         );
         let agree = probes.iter().all(|text| {
-            let hf = self.hf_encode(text, false);
-            hf.is_ok() && hf.ok() == fast.encode(&self.tokenizer, text).ok()
+            let mut ids = Vec::new();
+            let fast = fast
+                .encode_into(&self.tokenizer, text, &mut ids)
+                .map(|()| ids);
+            matches!((self.hf_encode(text, false), fast), (Ok(hf), Ok(fast)) if hf == fast)
         });
         if !agree {
             tracing::warn!(
@@ -788,33 +794,36 @@ impl ModelTokenizer {
     /// What the post-processor adds around a text's ids when special tokens are added, if that
     /// is all it does on every probe text (`None`: completion prompts take the HF path).
     fn find_special_wrap(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let mut found: Option<(Vec<u32>, Vec<u32>)> = None;
+        for text in self.fast_probes() {
+            let own = self.hf_encode(&text, false).ok()?;
+            let all = self.hf_encode(&text, true).ok()?;
+            let extra = all.len().checked_sub(own.len())?;
+            let k = (0..=extra).find(|&k| all[k..k + own.len()] == own[..])?;
+            let wrap = (all[..k].to_vec(), all[k + own.len()..].to_vec());
+            if *found.get_or_insert_with(|| wrap.clone()) != wrap {
+                return None;
+            }
+        }
+        found
+    }
+
+    /// The texts the ids-only path is checked on at load: the segment probes, the chunk probe
+    /// and [`FAST_PROBE`].
+    fn fast_probes(&self) -> Vec<String> {
         let mut probes = probe_texts(self.template.as_ref());
         probes.push(CHUNK_PROBE.to_string());
         probes.push(FAST_PROBE.to_string());
-        let wrap = |text: &str| -> Option<(Vec<u32>, Vec<u32>)> {
-            let own = self.hf_encode(text, false).ok()?;
-            let all = self.hf_encode(text, true).ok()?;
-            let extra = all.len().checked_sub(own.len())?;
-            (0..=extra)
-                .find(|&k| all[k..k + own.len()] == own[..])
-                .map(|k| (all[..k].to_vec(), all[k + own.len()..].to_vec()))
-        };
-        let first = wrap(&probes[0])?;
         probes
-            .iter()
-            .all(|text| {
-                let Ok(all) = self.hf_encode(text, true) else {
-                    return false;
-                };
-                let Ok(own) = self.hf_encode(text, false) else {
-                    return false;
-                };
-                all.len() == first.0.len() + own.len() + first.1.len()
-                    && all.starts_with(&first.0)
-                    && all.ends_with(&first.1)
-                    && all[first.0.len()..first.0.len() + own.len()] == own[..]
-            })
-            .then_some(first)
+    }
+
+    /// The contents of the tokenizer's added tokens.
+    pub(crate) fn added_token_contents(&self) -> Vec<String> {
+        self.tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect()
     }
 
     /// `text`'s ids from the HF tokenizer and, when this model has it, from the ids-only path.
@@ -824,14 +833,11 @@ impl ModelTokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> (Vec<u32>, Option<Vec<u32>>) {
-        let fast = self.fast.is_some() && (!add_special_tokens || self.special_wrap.is_some());
         (
             self.hf_encode(text, add_special_tokens)
                 .expect("the HF tokenizer encodes"),
-            fast.then(|| {
-                self.encode(text, add_special_tokens)
-                    .expect("the fast path encodes")
-            }),
+            self.fast_encode(text, add_special_tokens)
+                .map(|r| r.expect("the fast path encodes")),
         )
     }
 
@@ -847,14 +853,10 @@ impl ModelTokenizer {
         self.special_wrap.is_some()
     }
 
-    /// The contents of the tokenizer's added tokens.
+    /// The ids-only encoder built for `other`'s tokenizer file, to check against this model.
     #[cfg(test)]
-    pub(crate) fn added_token_contents(&self) -> Vec<String> {
-        self.tokenizer
-            .get_added_tokens_decoder()
-            .into_values()
-            .map(|t| t.content)
-            .collect()
+    pub(crate) fn fast_encoder_of(other: &ModelTokenizer) -> Option<ByteLevelBpe> {
+        ByteLevelBpe::new(&other.tokenizer)
     }
 
     /// True when prompts are tokenized by the ids-only byte-level path (see
