@@ -14,7 +14,10 @@
 //! - `flooded-one-lane`: the same flood against a second router configured with
 //!   `routing.heavy_body_bytes` above every body, so all decisions share the light lane's permits
 //!   at normal priority (the behaviour before the heavy lane existed), idle while the others are
-//!   measured.
+//!   measured;
+//! - `flooded-unpaced`: the same flood against a third router configured with
+//!   `routing.heavy_body_bytes_per_s: 0`, so long bodies are read off the connection at full
+//!   speed (the behaviour before the pace existed), idle while the others are measured.
 //!
 //! The worst-case bodies: 9,999 messages with a text and an image part (the most the default
 //!   limits admit: two renders of a 10k-message conversation), 9,999 text messages (the longest
@@ -36,7 +39,8 @@
 //! with `KVROUTER_BIN=path`.
 //!
 //! `cargo bench --bench flood` (options after `--`: `--rounds 5 --seconds 12 --rate 40
-//! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only;
+//! --flood 8 --flood-nice 0`, `--only 31MiB-message,...` for some of the bodies only,
+//! `--pace N` for the measured router's `routing.heavy_body_bytes_per_s`;
 //! `--flood-nice 19` runs the flood's client threads at the lowest nice value, `--flood-idle`
 //! in the idle scheduling class, so that only the router's own handling of the flood competes
 //! with normal requests). Under `cargo test` (no `--bench`) it runs one short round as a smoke
@@ -85,6 +89,9 @@ struct Options {
     only: Option<Vec<String>>,
     /// `--victim`: the flood and a victim client of two tenants (see the module docs).
     victim: bool,
+    /// `--pace BYTES_PER_S`: the measured router's `routing.heavy_body_bytes_per_s` (its
+    /// default when unset).
+    pace: Option<u64>,
 }
 
 impl Options {
@@ -105,6 +112,7 @@ impl Options {
                 flood_idle: false,
                 only: None,
                 victim: false,
+                pace: None,
             }
         } else {
             Options {
@@ -116,9 +124,11 @@ impl Options {
                 flood_idle: false,
                 only: None,
                 victim: false,
+                pace: None,
             }
         };
         o.victim = args.iter().any(|a| a == "--victim");
+        o.pace = value("--pace").map(|v| v as u64);
         o.rounds = value("--rounds").map_or(o.rounds, |v| v as usize);
         o.seconds = value("--seconds").unwrap_or(o.seconds);
         o.rate = value("--rate").unwrap_or(o.rate);
@@ -534,11 +544,27 @@ fn main() {
     runtime.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
         let targets = [
-            start_target(dir.path(), "default", "{}", o.victim, &flood).await,
+            start_target(
+                dir.path(),
+                "default",
+                &o.pace
+                    .map_or("{}".into(), |p| format!("{{heavy_body_bytes_per_s: {p}}}")),
+                o.victim,
+                &flood,
+            )
+            .await,
             start_target(
                 dir.path(),
                 "one-lane",
                 "{heavy_body_bytes: 1099511627776}",
+                o.victim,
+                &flood,
+            )
+            .await,
+            start_target(
+                dir.path(),
+                "unpaced",
+                "{heavy_body_bytes_per_s: 0}",
                 o.victim,
                 &flood,
             )
@@ -563,7 +589,7 @@ fn main() {
             println!("hostile body {name}: {:.1} MiB", body.len() as f64 / 1048576.0);
         }
         println!(
-            "{} rounds x 3 arms of {} s; normal requests at {}/s; {} flood clients ({})",
+            "{} rounds x 4 arms of {} s; normal requests at {}/s; {} flood clients ({})",
             o.rounds,
             o.seconds,
             o.rate,
@@ -576,7 +602,12 @@ fn main() {
         );
         let next_id = AtomicU64::new(0);
         // (name, target, flooded)
-        let arms = [("unloaded", 0, false), ("flooded", 0, true), ("flooded-one-lane", 1, true)];
+        let arms = [
+            ("unloaded", 0, false),
+            ("flooded", 0, true),
+            ("flooded-one-lane", 1, true),
+            ("flooded-unpaced", 2, true),
+        ];
         let mut rows: Vec<Vec<(f64, f64)>> = vec![Vec::new(); arms.len()];
         let mut victim_rows: Vec<Vec<(f64, f64)>> = vec![Vec::new(); arms.len()];
         for round in 0..o.rounds {
@@ -659,5 +690,12 @@ fn main() {
                 arms[arm].0
             );
         }
+        let paced: Vec<f64> = rows[1]
+            .iter()
+            .zip(&rows[3])
+            .map(|(p, u)| p.1 / u.1)
+            .collect();
+        let (m, l, h) = median_ci(&paced);
+        println!("p99 flooded / flooded-unpaced (per round): {m:.2}x [{l:.2}, {h:.2}]");
     });
 }

@@ -216,6 +216,19 @@ pub struct RoutingConfig {
     /// use only the CPU the rest leaves; a light body is bounded in work by its size (a 64 KiB
     /// body holds at most a few thousand messages). Default 64 KiB.
     pub heavy_body_bytes: usize,
+    /// Bytes per second at which the bodies longer than `heavy_body_bytes` are read off the
+    /// ext_proc connections, all together (after a 4 MiB burst). Receiving bytes costs the async
+    /// workers that every request's messages need (the kernel's copy out of the socket), so a
+    /// flood of near-limit bodies read at full speed delays normal requests' decisions; held
+    /// back, a long body's HTTP/2 window stays closed and Envoy keeps the rest of it meanwhile.
+    /// A long body then takes up to its size over this rate to arrive (a 32 MiB body ~1.75 s
+    /// at 16 MiB/s once the burst is spent, longer when many arrive at once); Envoy's ext_proc
+    /// `message_timeout` bounds the wait, after which the request fails open. It is also the
+    /// most body bytes of long requests one kvrouter takes in a second: raise it where long
+    /// bodies (images inlined as base64) are the normal traffic. 0 reads at full speed. Unset
+    /// (the default): 8 MiB/s per core kvrouter may use ([`Self::heavy_rate`]; 16 MiB/s on 2
+    /// cores, docs/security.md: the flood bench at 16, 32 and 64 MiB/s).
+    pub heavy_body_bytes_per_s: Option<u64>,
     /// How often, per endpoint, a routed request is marked for Envoy's observer filter, in ms:
     /// at most one request per endpoint in each such interval is watched to its first byte
     /// (status, served endpoint, time to first token: passive health and the learned speed).
@@ -243,12 +256,22 @@ impl Default for RoutingConfig {
             max_content_parts: crate::request::DEFAULT_MAX_CONTENT_PARTS,
             prefix_budget_ms: 100,
             heavy_body_bytes: 64 << 10,
+            heavy_body_bytes_per_s: None,
             observe_interval_ms: 100,
         }
     }
 }
 
 impl RoutingConfig {
+    /// Bytes per second of long bodies read (`heavy_body_bytes_per_s`, else 8 MiB/s per core
+    /// this process may use); 0 is no limit.
+    pub fn heavy_rate(&self) -> u64 {
+        self.heavy_body_bytes_per_s.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+            cores * (8 << 20)
+        })
+    }
+
     /// The body-shape limits to parse requests with (`max_messages`, `max_content_parts`).
     pub fn request_limits(&self) -> crate::request::RequestLimits {
         crate::request::RequestLimits {

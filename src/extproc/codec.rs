@@ -23,7 +23,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::divert::{Chunks, Divert, Diverted};
+use super::divert::{Chunks, Divert, Diverted, Pace};
 use super::ExtProc;
 
 /// The gRPC service name Envoy calls.
@@ -138,13 +138,17 @@ fn inbound(buf: &mut impl Buf, n: u64, diverted: &Diverted) -> Result<Inbound, S
 pub struct ExtProcServer {
     inner: Arc<ExtProc>,
     max_message_bytes: usize,
+    /// The byte rate long messages share, over every stream this server reads.
+    pace: Arc<Pace>,
 }
 
 impl ExtProcServer {
     pub fn new(inner: ExtProc, max_message_bytes: usize) -> ExtProcServer {
+        let pace = Pace::new(0).counted(inner.metrics.heavy_body_held_seconds());
         ExtProcServer {
             inner: Arc::new(inner),
             max_message_bytes,
+            pace: Arc::new(pace),
         }
     }
 }
@@ -189,11 +193,15 @@ where
         }
         let inner = Arc::clone(&self.inner);
         let max = self.max_message_bytes;
+        let pace = Arc::clone(&self.pace);
         Box::pin(async move {
-            // Read per stream, so a reload of `routing.heavy_body_bytes` applies to new streams.
-            let raw_above = inner.raw_above();
+            // Read per stream, so a reload of `routing.heavy_body_bytes` (and its rate) applies
+            // to new streams.
+            let (raw_above, rate) = inner.raw_above();
+            pace.set_rate(rate);
             let diverted = Diverted::default();
-            let req = req.map(|body| Divert::new(body, raw_above, max, Arc::clone(&diverted)));
+            let req = req
+                .map(|body| Divert::new(body, raw_above, max, Arc::clone(&diverted)).paced(pace));
             let mut grpc = tonic::server::Grpc::new(InboundCodec::new(diverted))
                 .apply_max_message_size_config(Some(max), Some(max));
             Ok(grpc.streaming(ProcessMethod(inner), req).await)

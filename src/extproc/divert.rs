@@ -15,11 +15,22 @@
 //! the stream's [`Diverted`] queue under its message number, while tonic is given an empty
 //! message in its place; the codec ([`super::codec`]) sees the number come up and hands the
 //! frames on raw, to be decoded in the heavy lane.
+//!
+//! **Paced.** Receiving a long message still costs the async worker that polls the connection:
+//! the kernel copies every byte out of the socket in its `recv` (profiled under the flood bench:
+//! the flood's bytes, ~190 MB/s, were what normal requests still waited behind). So long
+//! messages share one byte rate ([`Pace`], `routing.heavy_body_bytes_per_s`): once a long
+//! message's frames have taken their share, the stream is not read again until the rate allows.
+//! Unread, its HTTP/2 window stays closed and Envoy holds the rest of the body; the other
+//! streams' windows are their own, so short messages are read as they come.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
 use http_body::{Body, Frame, SizeHint};
@@ -105,6 +116,63 @@ impl Buf for Chunks {
 /// for the codec. Shared by the stream's [`Divert`] body and its decoder only.
 pub type Diverted = Arc<parking_lot::Mutex<VecDeque<(u64, Chunks)>>>;
 
+/// Bytes of long messages read at full speed before pacing holds a stream back: one such
+/// message that fits is read at once, however low the rate.
+pub const PACE_BURST_BYTES: u64 = 4 << 20;
+
+/// The byte rate all streams' long messages share (a GCRA token bucket of
+/// [`PACE_BURST_BYTES`]). The rate is set per new stream from the config in force; 0 reads at
+/// full speed.
+#[derive(Debug)]
+pub struct Pace {
+    rate: AtomicU64,
+    /// When the bytes charged so far are paid off at the rate (the "theoretical arrival time").
+    paid_at: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    /// Time streams were held back, seconds, summed over streams (counted when a hold ends).
+    held_seconds: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
+}
+
+impl Pace {
+    /// A pace of `bytes_per_s` (0: none).
+    pub fn new(bytes_per_s: u64) -> Pace {
+        Pace {
+            rate: AtomicU64::new(bytes_per_s),
+            paid_at: parking_lot::Mutex::new(None),
+            held_seconds: Default::default(),
+        }
+    }
+
+    /// Also counts the time held in `counter`, in seconds.
+    pub fn counted(
+        mut self,
+        counter: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
+    ) -> Pace {
+        self.held_seconds = counter;
+        self
+    }
+
+    /// The rate from now on (the config in force when a stream starts).
+    pub fn set_rate(&self, bytes_per_s: u64) {
+        self.rate.store(bytes_per_s, Ordering::Relaxed);
+    }
+
+    /// Charges `bytes` just read; when the stream must wait before reading more, until when.
+    fn charge(&self, bytes: usize) -> Option<tokio::time::Instant> {
+        let rate = self.rate.load(Ordering::Relaxed);
+        if rate == 0 || bytes == 0 {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        let cost = Duration::from_secs_f64(bytes as f64 / rate as f64);
+        let burst = Duration::from_secs_f64(PACE_BURST_BYTES as f64 / rate as f64);
+        let mut paid_at = self.paid_at.lock();
+        let paid = paid_at.map_or(now, |at| at.max(now)) + cost;
+        *paid_at = Some(paid);
+        let ready = paid.checked_sub(burst)?;
+        (ready > now).then_some(ready)
+    }
+}
+
 /// Where the reader is in the framing.
 enum State {
     /// Reading a header (`have` of its 5 bytes so far).
@@ -130,6 +198,9 @@ pub struct Divert<B> {
     /// A trailers frame read while data was still queued.
     trailers: Option<http::HeaderMap>,
     diverted: Diverted,
+    pace: Option<Arc<Pace>>,
+    /// Held back by the pace until this fires, since then.
+    held: Option<(Pin<Box<tokio::time::Sleep>>, tokio::time::Instant)>,
 }
 
 impl<B> Divert<B> {
@@ -146,11 +217,21 @@ impl<B> Divert<B> {
             out: VecDeque::new(),
             trailers: None,
             diverted,
+            pace: None,
+            held: None,
         }
     }
 
-    /// Reads the framing of one DATA frame, queueing what tonic gets.
-    fn take(&mut self, mut data: Bytes) -> Result<(), Status> {
+    /// Long messages' bytes are charged to `pace` (see the module doc).
+    pub fn paced(mut self, pace: Arc<Pace>) -> Self {
+        self.pace = Some(pace);
+        self
+    }
+
+    /// Reads the framing of one DATA frame, queueing what tonic gets; returns how many of its
+    /// bytes belong to long messages.
+    fn take(&mut self, mut data: Bytes) -> Result<usize, Status> {
+        let mut long = 0;
         while !data.is_empty() {
             match &mut self.state {
                 State::Header { bytes, have } => {
@@ -206,6 +287,7 @@ impl<B> Divert<B> {
                     let n = (*left).min(data.len());
                     chunks.push(data.split_to(n));
                     *left -= n;
+                    long += n;
                     if *left == 0 {
                         let State::Collect { chunks, .. } = std::mem::replace(
                             &mut self.state,
@@ -223,7 +305,7 @@ impl<B> Divert<B> {
                 }
             }
         }
-        Ok(())
+        Ok(long)
     }
 
     /// True between messages (the body may end here).
@@ -253,6 +335,13 @@ where
             if let Some(trailers) = this.trailers.take() {
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
             }
+            if let Some((held, since)) = this.held.as_mut() {
+                std::task::ready!(held.as_mut().poll(cx));
+                if let Some(pace) = &this.pace {
+                    pace.held_seconds.inc_by(since.elapsed().as_secs_f64());
+                }
+                this.held = None;
+            }
             match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 None => {
                     return Poll::Ready(if this.at_boundary() {
@@ -266,8 +355,13 @@ where
                     Ok(mut data) => {
                         let len = data.remaining();
                         let bytes = data.copy_to_bytes(len);
-                        if let Err(status) = this.take(bytes) {
-                            return Poll::Ready(Some(Err(status)));
+                        let long = match this.take(bytes) {
+                            Ok(long) => long,
+                            Err(status) => return Poll::Ready(Some(Err(status))),
+                        };
+                        if let Some(until) = this.pace.as_ref().and_then(|p| p.charge(long)) {
+                            let now = tokio::time::Instant::now();
+                            this.held = Some((Box::pin(tokio::time::sleep_until(until)), now));
                         }
                     }
                     Err(frame) => {
@@ -363,6 +457,54 @@ mod tests {
         let body = Divert::new(inner, 1024, 1 << 20, Diverted::default());
         let status = body.collect().await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::Internal);
+    }
+
+    /// Feeds `wire` in 16 KiB frames through a Divert paced at `rate`; how long it took on
+    /// tokio's (paused) clock, and the bytes diverted.
+    async fn paced_run(wire: &[u8], rate: u64, pace: &Arc<Pace>) -> (Duration, usize) {
+        pace.set_rate(rate);
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
+            .chunks(16 << 10)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let diverted = Diverted::default();
+        let body =
+            Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(Arc::clone(pace));
+        let started = tokio::time::Instant::now();
+        body.collect().await.unwrap();
+        let taken = diverted.lock().iter().map(|(_, c)| c.remaining()).sum();
+        (started.elapsed(), taken)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn long_messages_are_read_at_the_shared_rate_after_the_burst_and_short_ones_at_once() {
+        let mib = 1usize << 20;
+        let pace = Arc::new(Pace::new(0));
+        // 12 MiB long message at 4 MiB/s: the first 4 MiB are the burst, the other 8 take 2 s.
+        let long = framed(12 * mib, b'x');
+        let (took, taken) = paced_run(&long, 4 << 20, &pace).await;
+        assert_eq!(taken, 12 * mib);
+        let secs = took.as_secs_f64();
+        assert!((1.95..2.05).contains(&secs), "took {secs} s");
+        // The bucket is shared and still in debt right after: a second stream waits its turn
+        // (its 12 MiB take 3 s, nothing left of the burst).
+        let (took, _) = paced_run(&long, 4 << 20, &pace).await;
+        let secs = took.as_secs_f64();
+        assert!((2.95..3.05).contains(&secs), "took {secs} s");
+        // Short messages are never held, however much of them, even with the bucket in debt.
+        let mut short = Vec::new();
+        for _ in 0..2000 {
+            short.extend(framed(1000, b's'));
+        }
+        let (took, taken) = paced_run(&short, 4 << 20, &pace).await;
+        assert_eq!((took, taken), (Duration::ZERO, 0));
+        // Rate 0 reads at full speed.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (took, _) = paced_run(&framed(40 * mib, b'y'), 0, &pace).await;
+        assert_eq!(took, Duration::ZERO);
+        let held = pace.held_seconds.get();
+        assert!((4.9..5.1).contains(&held), "held {held} s");
     }
 
     #[test]

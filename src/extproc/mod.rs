@@ -101,9 +101,11 @@ impl ExtProc {
     }
 
     /// Messages longer than this are decoded off the async workers ([`codec`]): the bodies
-    /// that are decided in the heavy lane.
-    fn raw_above(&self) -> usize {
-        self.router.snapshot().config.routing.heavy_body_bytes
+    /// that are decided in the heavy lane; and the byte rate they are read at together.
+    fn raw_above(&self) -> (usize, u64) {
+        let state = self.router.snapshot();
+        let routing = &state.config.routing;
+        (routing.heavy_body_bytes, routing.heavy_rate())
     }
 
     /// Serves one ext_proc stream.

@@ -104,6 +104,8 @@ pub struct Metrics {
     endpoint_ids_reclaimed: Counter,
     /// [`crate::budget`]'s totals, read at scrape time: buffered bodies, after-decision work.
     held_bytes: [Gauge; 2],
+    /// Seconds long bodies' streams were held back by `routing.heavy_body_bytes_per_s`.
+    heavy_body_held_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
     /// Matched-token share and cache source of routed decisions.
@@ -224,6 +226,13 @@ impl Metrics {
              past it, kvrouter_deferred_tokenizings_total{result=\"dropped\"})",
             held_bytes[1].clone(),
         );
+        let heavy_body_held_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "heavy_body_held_seconds",
+            "Time streams of bodies longer than routing.heavy_body_bytes were held back from \
+             reading by routing.heavy_body_bytes_per_s (summed over streams), seconds",
+            heavy_body_held_seconds.clone(),
+        );
         let signals = SignalMetrics::register(&mut registry);
         let cache = CacheMetrics::register(&mut registry);
         let sharing = SharingMetrics::register(&mut registry);
@@ -246,6 +255,7 @@ impl Metrics {
             endpoint_ids,
             endpoint_ids_reclaimed,
             held_bytes,
+            heavy_body_held_seconds,
             endpoint_series: EndpointSeries::default(),
             scrape_lock: Mutex::new(()),
         }
@@ -287,6 +297,11 @@ impl Metrics {
                 .note(endpoint, Tracked::Upstream(labels.clone()));
         }
         self.upstream_responses.get_or_create(&labels).inc();
+    }
+
+    /// The counter of time long bodies were held back by their read rate.
+    pub fn heavy_body_held_seconds(&self) -> Counter<f64, std::sync::atomic::AtomicU64> {
+        self.heavy_body_held_seconds.clone()
     }
 
     /// A stream opened; the returned value closes it (with its outcome) when dropped.
