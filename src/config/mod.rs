@@ -229,6 +229,12 @@ pub struct RoutingConfig {
     /// (the default): 8 MiB/s per core kvrouter may use ([`Self::heavy_rate`]; 16 MiB/s on 2
     /// cores, docs/security.md: the flood bench at 16, 32 and 64 MiB/s).
     pub heavy_body_bytes_per_s: Option<u64>,
+    /// The longest, in ms, a long body (see `heavy_body_bytes_per_s`) waits in all for its turn
+    /// to be read; one that would wait longer is answered 503 with `retry-after` at once. Keep
+    /// it under the gateway's ext_proc `message_timeout` (2 s in the shipped sidecar configs):
+    /// past that Envoy fails the request open and the engine gets a body the router never
+    /// checked (its message and part limits). 0: never refused. Default 1000.
+    pub heavy_body_max_wait_ms: u64,
     /// How often, per endpoint, a routed request is marked for Envoy's observer filter, in ms:
     /// at most one request per endpoint in each such interval is watched to its first byte
     /// (status, served endpoint, time to first token: passive health and the learned speed).
@@ -257,6 +263,7 @@ impl Default for RoutingConfig {
             prefix_budget_ms: 100,
             heavy_body_bytes: 64 << 10,
             heavy_body_bytes_per_s: None,
+            heavy_body_max_wait_ms: 1000,
             observe_interval_ms: 100,
         }
     }

@@ -23,7 +23,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::divert::{Chunks, Divert, Diverted, Pace};
+use super::divert::{Chunks, Divert, Diverted, Pace, PaceFlow};
 use super::ExtProc;
 
 /// The gRPC service name Envoy calls.
@@ -42,13 +42,16 @@ pub enum Inbound {
     /// Longer than the stream's threshold: the encoded message as it arrived, to decode off
     /// the workers.
     Raw(Chunks),
+    /// Longer than the threshold, and refused before it was all read: it waited too long for
+    /// its turn at the long bodies' read rate (`divert::Pace`).
+    Refused,
 }
 
 impl Inbound {
     /// Bytes held undecoded: a raw message's encoded length, 0 for a decoded one.
     pub fn raw_len(&self) -> usize {
         match self {
-            Inbound::Decoded(_) => 0,
+            Inbound::Decoded(_) | Inbound::Refused => 0,
             Inbound::Raw(chunks) => bytes::Buf::remaining(chunks),
         }
     }
@@ -58,6 +61,7 @@ impl Inbound {
         match self {
             Inbound::Decoded(msg) => Ok(msg),
             Inbound::Raw(chunks) => ProcessingRequest::decode(chunks).map_err(decode_error),
+            Inbound::Refused => Err(Status::resource_exhausted("a long message was refused")),
         }
     }
 }
@@ -125,6 +129,9 @@ fn inbound(buf: &mut impl Buf, n: u64, diverted: &Diverted) -> Result<Inbound, S
         if queue.front().is_some_and(|(m, _)| *m == n) {
             let (_, chunks) = queue.pop_front().expect("front exists");
             buf.advance(buf.remaining());
+            if chunks.is_refused() {
+                return Ok(Inbound::Refused);
+            }
             return Ok(Inbound::Raw(chunks));
         }
     }
@@ -197,11 +204,20 @@ where
         Box::pin(async move {
             // Read per stream, so a reload of `routing.heavy_body_bytes` (and its rate) applies
             // to new streams.
-            let (raw_above, rate) = inner.raw_above();
+            let (raw_above, rate, max_wait) = inner.raw_above();
             pace.set_rate(rate);
             let diverted = Diverted::default();
-            let req = req
-                .map(|body| Divert::new(body, raw_above, max, Arc::clone(&diverted)).paced(pace));
+            // The stream learns its tenant from its headers message and sets it here, for
+            // the Divert reading its body's frames afterwards.
+            let flow = PaceFlow::default();
+            let mut req = req.map(|body| {
+                Divert::new(body, raw_above, max, Arc::clone(&diverted)).paced(
+                    pace,
+                    flow.clone(),
+                    max_wait,
+                )
+            });
+            req.extensions_mut().insert(flow);
             let mut grpc = tonic::server::Grpc::new(InboundCodec::new(diverted))
                 .apply_max_message_size_config(Some(max), Some(max));
             Ok(grpc.streaming(ProcessMethod(inner), req).await)
@@ -246,20 +262,35 @@ mod tests {
         };
         match decode(small.encode_to_vec()) {
             Inbound::Decoded(msg) => assert_eq!(msg, small),
-            Inbound::Raw(_) => panic!("message 0 was not diverted"),
+            other => panic!("message 0 was not diverted: {}", other.raw_len()),
         }
         let raw = decode(Vec::new());
         match &raw {
             Inbound::Raw(chunks) => assert_eq!(chunks.remaining(), long.encoded_len()),
-            Inbound::Decoded(_) => {
-                panic!("the diverted message 1 was decoded from its placeholder")
-            }
+            _ => panic!("the diverted message 1 was not handed on raw"),
         }
         assert_eq!(raw.decode().unwrap(), long);
         match decode(small.encode_to_vec()) {
             Inbound::Decoded(msg) => assert_eq!(msg, small),
-            Inbound::Raw(_) => panic!("message 2 was not diverted"),
+            other => panic!("message 2 was not diverted: {}", other.raw_len()),
         }
+        assert!(diverted.lock().is_empty());
+    }
+
+    #[test]
+    fn a_refused_long_message_comes_up_as_refused_in_its_place() {
+        let small = body_message(100);
+        let diverted = Diverted::default();
+        diverted.lock().push_back((1, Chunks::refused()));
+        let mut buf = Bytes::from(small.encode_to_vec());
+        assert!(matches!(
+            inbound(&mut buf, 0, &diverted),
+            Ok(Inbound::Decoded(_))
+        ));
+        let mut placeholder = Bytes::new();
+        let refused = inbound(&mut placeholder, 1, &diverted).unwrap();
+        assert!(matches!(refused, Inbound::Refused));
+        assert_eq!(refused.raw_len(), 0);
         assert!(diverted.lock().is_empty());
     }
 

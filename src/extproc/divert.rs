@@ -44,9 +44,24 @@ const HEADER: usize = 5;
 pub struct Chunks {
     parts: VecDeque<Bytes>,
     remaining: usize,
+    /// Not read to its end: refused after waiting too long for its turn (see [`Pace`]).
+    refused: bool,
 }
 
 impl Chunks {
+    /// The place of a long message refused before it was read to its end.
+    pub(super) fn refused() -> Chunks {
+        Chunks {
+            refused: true,
+            ..Chunks::default()
+        }
+    }
+
+    /// Whether this is the place of a refused message ([`Self::refused`]).
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+
     fn push(&mut self, part: Bytes) {
         if part.is_empty() {
             return;
@@ -120,14 +135,43 @@ pub type Diverted = Arc<parking_lot::Mutex<VecDeque<(u64, Chunks)>>>;
 /// message that fits is read at once, however low the rate.
 pub const PACE_BURST_BYTES: u64 = 4 << 20;
 
+/// How long a tenant counts as receiving long bodies after its last bytes, for the shares.
+const FLOW_ACTIVE: Duration = Duration::from_millis(250);
+
+/// Most tenants with a share of their own at once; more share the rate without one.
+const MAX_FLOWS: usize = 1024;
+
+/// A stream's trusted tenant, set once its headers are read (`None` until then, and without
+/// tenancy): whose share of the [`Pace`] its long bodies take.
+#[derive(Debug, Clone, Default)]
+pub struct PaceFlow(Arc<std::sync::OnceLock<Arc<str>>>);
+
+impl PaceFlow {
+    /// The stream's tenant is `tenant` from now on (the first call wins).
+    pub fn set(&self, tenant: &str) {
+        let _ = self.0.set(Arc::from(tenant));
+    }
+}
+
+/// When the bytes charged so far are paid off at the rate (the "theoretical arrival time").
+#[derive(Debug, Default)]
+struct Buckets {
+    /// All long bodies, at the whole rate.
+    total: Option<tokio::time::Instant>,
+    /// Per tenant receiving long bodies: its own bucket, at the rate split evenly among the
+    /// tenants active within [`FLOW_ACTIVE`], and when it last read.
+    flows: std::collections::HashMap<Arc<str>, (tokio::time::Instant, tokio::time::Instant)>,
+}
+
 /// The byte rate all streams' long messages share (a GCRA token bucket of
-/// [`PACE_BURST_BYTES`]). The rate is set per new stream from the config in force; 0 reads at
-/// full speed.
+/// [`PACE_BURST_BYTES`]), split evenly between the tenants whose long bodies are arriving (each
+/// also has a bucket of its own at its share, so a tenant flooding with many streams takes its
+/// share, not one stream's worth per stream). The rate is set per new stream from the config in
+/// force; 0 reads at full speed.
 #[derive(Debug)]
 pub struct Pace {
     rate: AtomicU64,
-    /// When the bytes charged so far are paid off at the rate (the "theoretical arrival time").
-    paid_at: parking_lot::Mutex<Option<tokio::time::Instant>>,
+    buckets: parking_lot::Mutex<Buckets>,
     /// Time streams were held back, seconds, summed over streams (counted when a hold ends).
     held_seconds: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
 }
@@ -137,7 +181,7 @@ impl Pace {
     pub fn new(bytes_per_s: u64) -> Pace {
         Pace {
             rate: AtomicU64::new(bytes_per_s),
-            paid_at: parking_lot::Mutex::new(None),
+            buckets: parking_lot::Mutex::new(Buckets::default()),
             held_seconds: Default::default(),
         }
     }
@@ -156,20 +200,38 @@ impl Pace {
         self.rate.store(bytes_per_s, Ordering::Relaxed);
     }
 
-    /// Charges `bytes` just read; when the stream must wait before reading more, until when.
-    fn charge(&self, bytes: usize) -> Option<tokio::time::Instant> {
+    /// Charges `bytes` just read by a stream of `tenant` (if known); when the stream must wait
+    /// before reading more, until when.
+    fn charge(&self, bytes: usize, tenant: Option<&Arc<str>>) -> Option<tokio::time::Instant> {
         let rate = self.rate.load(Ordering::Relaxed);
         if rate == 0 || bytes == 0 {
             return None;
         }
         let now = tokio::time::Instant::now();
-        let cost = Duration::from_secs_f64(bytes as f64 / rate as f64);
+        // Paid off at `rate` after `paid_at`: the new paid-off time, and when that is at most
+        // the burst's time at the whole rate ahead of now (a tenant's share of the burst is its
+        // share of the rate).
         let burst = Duration::from_secs_f64(PACE_BURST_BYTES as f64 / rate as f64);
-        let mut paid_at = self.paid_at.lock();
-        let paid = paid_at.map_or(now, |at| at.max(now)) + cost;
-        *paid_at = Some(paid);
-        let ready = paid.checked_sub(burst)?;
-        (ready > now).then_some(ready)
+        let pay = |paid_at: Option<tokio::time::Instant>, rate: f64| {
+            let paid = paid_at.map_or(now, |at| at.max(now))
+                + Duration::from_secs_f64(bytes as f64 / rate);
+            (paid, paid.checked_sub(burst))
+        };
+        let mut buckets = self.buckets.lock();
+        let (paid, mut ready) = pay(buckets.total, rate as f64);
+        buckets.total = Some(paid);
+        if let Some(tenant) = tenant {
+            let flows = &mut buckets.flows;
+            flows.retain(|_, (_, last)| now.saturating_duration_since(*last) < FLOW_ACTIVE);
+            if flows.len() < MAX_FLOWS || flows.contains_key(tenant) {
+                let active = flows.len() + usize::from(!flows.contains_key(tenant));
+                let share = rate as f64 / active as f64;
+                let (paid, flow_ready) = pay(flows.get(tenant).map(|f| f.0), share);
+                flows.insert(Arc::clone(tenant), (paid, now));
+                ready = ready.max(flow_ready);
+            }
+        }
+        ready.filter(|&ready| ready > now)
     }
 }
 
@@ -199,8 +261,17 @@ pub struct Divert<B> {
     trailers: Option<http::HeaderMap>,
     diverted: Diverted,
     pace: Option<Arc<Pace>>,
+    /// Whose share of the pace this stream takes.
+    flow: PaceFlow,
     /// Held back by the pace until this fires, since then.
     held: Option<(Pin<Box<tokio::time::Sleep>>, tokio::time::Instant)>,
+    /// The longest a long message may wait for the pace in all; past it, it is refused.
+    /// Zero: never refused.
+    max_wait: Duration,
+    /// How long the long message being read has waited so far.
+    waited: Duration,
+    /// A long message was refused: nothing more is read from this stream.
+    refused: bool,
 }
 
 impl<B> Divert<B> {
@@ -218,14 +289,36 @@ impl<B> Divert<B> {
             trailers: None,
             diverted,
             pace: None,
+            flow: PaceFlow::default(),
             held: None,
+            max_wait: Duration::ZERO,
+            waited: Duration::ZERO,
+            refused: false,
         }
     }
 
-    /// Long messages' bytes are charged to `pace` (see the module doc).
-    pub fn paced(mut self, pace: Arc<Pace>) -> Self {
+    /// Long messages' bytes are charged to `pace` (see the module doc), to `flow`'s share
+    /// once it is known; one that would wait more than `max_wait` in all (if not zero) is
+    /// refused instead ([`Chunks::is_refused`]) and the stream read no further.
+    pub fn paced(mut self, pace: Arc<Pace>, flow: PaceFlow, max_wait: Duration) -> Self {
         self.pace = Some(pace);
+        self.flow = flow;
+        self.max_wait = max_wait;
         self
+    }
+
+    /// Gives up the long message being read: its place is refused, tonic gets a placeholder.
+    fn refuse(&mut self) {
+        self.state = State::Header {
+            bytes: [0; HEADER],
+            have: 0,
+        };
+        self.diverted
+            .lock()
+            .push_back((self.seen - 1, Chunks::refused()));
+        self.out.push_back(Bytes::from_static(&[0; HEADER]));
+        self.refused = true;
+        self.held = None;
     }
 
     /// Reads the framing of one DATA frame, queueing what tonic gets; returns how many of its
@@ -260,6 +353,7 @@ impl<B> Divert<B> {
                             left: len,
                             chunks: Chunks::default(),
                         };
+                        self.waited = Duration::ZERO;
                     } else {
                         self.out.push_back(Bytes::copy_from_slice(&header));
                         self.state = if len == 0 {
@@ -335,10 +429,16 @@ where
             if let Some(trailers) = this.trailers.take() {
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
             }
+            if this.refused {
+                // The placeholder went out above: the body ends there for tonic.
+                return Poll::Ready(None);
+            }
             if let Some((held, since)) = this.held.as_mut() {
                 std::task::ready!(held.as_mut().poll(cx));
+                let waited = since.elapsed();
+                this.waited += waited;
                 if let Some(pace) = &this.pace {
-                    pace.held_seconds.inc_by(since.elapsed().as_secs_f64());
+                    pace.held_seconds.inc_by(waited.as_secs_f64());
                 }
                 this.held = None;
             }
@@ -359,8 +459,20 @@ where
                             Ok(long) => long,
                             Err(status) => return Poll::Ready(Some(Err(status))),
                         };
-                        if let Some(until) = this.pace.as_ref().and_then(|p| p.charge(long)) {
+                        if let Some(until) = this
+                            .pace
+                            .as_ref()
+                            .and_then(|p| p.charge(long, this.flow.0.get()))
+                        {
                             let now = tokio::time::Instant::now();
+                            let collecting = matches!(this.state, State::Collect { .. });
+                            if collecting
+                                && !this.max_wait.is_zero()
+                                && this.waited + (until - now) > this.max_wait
+                            {
+                                this.refuse();
+                                continue;
+                            }
                             this.held = Some((Box::pin(tokio::time::sleep_until(until)), now));
                         }
                     }
@@ -462,15 +574,32 @@ mod tests {
     /// Feeds `wire` in 16 KiB frames through a Divert paced at `rate`; how long it took on
     /// tokio's (paused) clock, and the bytes diverted.
     async fn paced_run(wire: &[u8], rate: u64, pace: &Arc<Pace>) -> (Duration, usize) {
+        paced_run_of(wire, rate, pace, None).await
+    }
+
+    /// [`paced_run`] for a stream of `tenant`.
+    async fn paced_run_of(
+        wire: &[u8],
+        rate: u64,
+        pace: &Arc<Pace>,
+        tenant: Option<&str>,
+    ) -> (Duration, usize) {
         pace.set_rate(rate);
+        let flow = PaceFlow::default();
+        if let Some(tenant) = tenant {
+            flow.set(tenant);
+        }
         let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
             .chunks(16 << 10)
             .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
             .collect();
         let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
         let diverted = Diverted::default();
-        let body =
-            Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(Arc::clone(pace));
+        let body = Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(
+            Arc::clone(pace),
+            flow,
+            Duration::ZERO,
+        );
         let started = tokio::time::Instant::now();
         body.collect().await.unwrap();
         let taken = diverted.lock().iter().map(|(_, c)| c.remaining()).sum();
@@ -505,6 +634,85 @@ mod tests {
         assert_eq!(took, Duration::ZERO);
         let held = pace.held_seconds.get();
         assert!((4.9..5.1).contains(&held), "held {held} s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_message_that_would_wait_past_the_bound_is_refused_and_nothing_more_is_read() {
+        let mib = 1usize << 20;
+        // 12 MiB at 4 MiB/s would wait 2 s after the burst; the bound is 500 ms. A short
+        // message follows it on the wire.
+        let mut wire = framed(12 * mib, b'x');
+        wire.extend(framed(10, b's'));
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
+            .chunks(16 << 10)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let diverted = Diverted::default();
+        let pace = Arc::new(Pace::new(4 << 20));
+        let body = Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(
+            pace,
+            PaceFlow::default(),
+            Duration::from_millis(500),
+        );
+        let started = tokio::time::Instant::now();
+        let passed = body.collect().await.unwrap().to_bytes().to_vec();
+        let took = started.elapsed();
+        // tonic gets the long message's placeholder and then the end: the short message
+        // behind it is never read.
+        assert_eq!(passed, framed(0, 0));
+        let queue: Vec<_> = diverted.lock().drain(..).collect();
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue[0].0, 0);
+        assert!(queue[0].1.is_refused());
+        assert!(took <= Duration::from_millis(500), "took {took:?}");
+        // Without a bound the same message is read whole, after ~2 s.
+        let (took, taken) =
+            paced_run(&framed(12 * mib, b'x'), 4 << 20, &Arc::new(Pace::new(0))).await;
+        assert_eq!(taken, 12 * mib);
+        assert!(took >= Duration::from_millis(1900), "took {took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tenants_share_the_rate_evenly_however_many_streams_each_has() {
+        let mib = 1usize << 20;
+        let pace = Arc::new(Pace::new(0));
+        let body = framed(8 * mib, b'x');
+        // Tenant `flood` reads three 8 MiB bodies at once, tenant `victim` one, at 4 MiB/s:
+        // 32 MiB, 4 of them the burst, so the last ends ~7 s in, whoever it is.
+        let flood = || paced_run_of(&body, 4 << 20, &pace, Some("flood"));
+        let (a, b, c, victim) = tokio::join!(
+            flood(),
+            flood(),
+            flood(),
+            paced_run_of(&body, 4 << 20, &pace, Some("victim"))
+        );
+        let flood_took = [a.0, b.0, c.0].map(|d| d.as_secs_f64());
+        let victim_took = victim.0.as_secs_f64();
+        assert_eq!(
+            (a.1, b.1, c.1, victim.1),
+            (8 * mib, 8 * mib, 8 * mib, 8 * mib)
+        );
+        let last = flood_took.iter().copied().fold(victim_took, f64::max);
+        assert!((6.9..7.3).contains(&last), "the rate is kept: {last} s");
+        // Per stream the victim would get a quarter of the rate and end with the others
+        // (~7 s); with half of it, its 8 MiB are in by about 4 s.
+        assert!(
+            victim_took < 4.5,
+            "victim {victim_took} s, flood {flood_took:?}"
+        );
+        // Without tenants the same four streams share per stream: the one in the victim's
+        // place gets a quarter of the rate and ends with the last (the first stream polled
+        // took the whole burst in both runs).
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (_, _, _, fourth) = tokio::join!(
+            paced_run(&body, 4 << 20, &pace),
+            paced_run(&body, 4 << 20, &pace),
+            paced_run(&body, 4 << 20, &pace),
+            paced_run(&body, 4 << 20, &pace)
+        );
+        let fourth = fourth.0.as_secs_f64();
+        assert!(fourth > 6.5, "per stream, the fourth ends at {fourth} s");
     }
 
     #[test]

@@ -101,21 +101,28 @@ impl ExtProc {
     }
 
     /// Messages longer than this are decoded off the async workers ([`codec`]): the bodies
-    /// that are decided in the heavy lane; and the byte rate they are read at together.
-    fn raw_above(&self) -> (usize, u64) {
+    /// that are decided in the heavy lane; the byte rate they are read at together, and how
+    /// long one may wait for it before it is refused.
+    fn raw_above(&self) -> (usize, u64, Duration) {
         let state = self.router.snapshot();
         let routing = &state.config.routing;
-        (routing.heavy_body_bytes, routing.heavy_rate())
+        (
+            routing.heavy_body_bytes,
+            routing.heavy_rate(),
+            Duration::from_millis(routing.heavy_body_max_wait_ms),
+        )
     }
 
     /// Serves one ext_proc stream.
     fn process(&self, request: Request<Streaming<Inbound>>) -> Response<ReplyStream> {
+        let pace_flow = request.extensions().get::<divert::PaceFlow>().cloned();
         let session = Session {
             stream: stream::Stream::new(
                 Arc::clone(&self.router),
                 Arc::clone(&self.table),
                 Arc::clone(&self.metrics),
-            ),
+            )
+            .with_pace_flow(pace_flow),
             inbound: request.into_inner(),
             replies: VecDeque::new(),
             metrics: Arc::clone(&self.metrics),
@@ -172,6 +179,13 @@ impl Session {
             }
             let msg = match self.inbound.message().await {
                 Ok(Some(Inbound::Decoded(msg))) => Ok(msg),
+                // A long message that waited past `routing.heavy_body_max_wait_ms` for its turn
+                // to be read (`divert`): refused, so Envoy does not fail it open past its
+                // message timeout and hand the engine a body the router never checked.
+                Ok(Some(Inbound::Refused)) => {
+                    self.replies.extend(self.stream.refuse_held_body());
+                    continue;
+                }
                 // A long message (a big body): decoded in the heavy lane, so its copy does not
                 // hold an async worker (`codec`). It is charged to the body budget first: under
                 // load it may wait for the lane a while, held all that time.

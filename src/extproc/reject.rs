@@ -56,6 +56,17 @@ impl Rejection {
         }
     }
 
+    /// 503: the body is long, and long bodies arrive faster than `routing.heavy_body_bytes_per_s`
+    /// lets the router read them: it waited `routing.heavy_body_max_wait_ms` for its turn.
+    pub fn long_bodies_busy() -> Rejection {
+        Rejection {
+            status: 503,
+            message: "The router is receiving too many long request bodies; retry later.".into(),
+            kind: "server_overloaded",
+            param: None,
+        }
+    }
+
     /// 500: the router could not finish its own work (shutting down).
     pub fn internal() -> Rejection {
         Rejection {

@@ -216,6 +216,9 @@ pub struct Stream {
     /// waited for the heavy lane to decode it): its body takes the charge over, the rest is
     /// given back once the message is handled.
     prepaid: budget::Held,
+    /// Where the stream's trusted tenant goes for the share of the long-body read rate its
+    /// body's frames take (`super::divert::Pace`).
+    pace_flow: Option<super::divert::PaceFlow>,
 }
 
 static WARNED_UNROUTABLE_MODE: AtomicBool = AtomicBool::new(false);
@@ -246,7 +249,14 @@ impl Stream {
             request_id: String::new(),
             outcome: Outcome::Cancelled,
             prepaid: budget::BUFFERED_BODIES.empty(),
+            pace_flow: None,
         }
+    }
+
+    /// Tells `flow` the stream's trusted tenant once its headers name one.
+    pub(super) fn with_pace_flow(mut self, flow: Option<super::divert::PaceFlow>) -> Stream {
+        self.pace_flow = flow;
+        self
     }
 
     /// Charges a long message of `bytes` to the process-wide body budget before it is decoded
@@ -265,6 +275,16 @@ impl Stream {
             return Ok(());
         }
         Err(self.reject(Rejection::bodies_busy(), routing.retry_after_s))
+    }
+
+    /// Refuses the request whose long body waited too long for its turn to be read (503 with
+    /// `retry-after`), instead of letting Envoy's message timeout fail it open.
+    pub fn refuse_held_body(&mut self) -> Vec<ProcessingResponse> {
+        let retry_after_s = match &self.phase {
+            Phase::RequestBody(p) => p.state.config.routing.retry_after_s,
+            _ => self.router.snapshot().config.routing.retry_after_s,
+        };
+        self.reject(Rejection::long_bodies_busy(), retry_after_s)
     }
 
     /// The request's trusted tenant, once its headers came.
@@ -341,6 +361,9 @@ impl Stream {
             .tenants
             .header()
             .and_then(|name| envoy::header_str(headers, name).map(str::to_string));
+        if let (Some(pace), Some(tenant)) = (&self.pace_flow, &tenant) {
+            pace.set(tenant);
+        }
         let flow =
             flow::Labels::from_headers(&state.config.flow_control, tenant.as_deref(), |name| {
                 envoy::header_str(headers, name)
