@@ -221,9 +221,9 @@ pub struct RoutingConfig {
     /// workers that every request's messages need (the kernel's copy out of the socket), so a
     /// flood of near-limit bodies read at full speed delays normal requests' decisions; held
     /// back, a long body's HTTP/2 window stays closed and Envoy keeps the rest of it meanwhile.
-    /// A long body then takes up to its size over this rate to arrive (a 32 MiB body ~1.75 s
-    /// at 16 MiB/s once the burst is spent, longer when many arrive at once); Envoy's ext_proc
-    /// `message_timeout` bounds the wait, after which the request fails open. It is also the
+    /// A long body then takes up to its size over this rate to arrive (its tenant's share of
+    /// it when several tenants send long bodies; longer when many arrive at once), and one that
+    /// would wait more than `heavy_body_max_wait_ms` is answered 503. It is also the
     /// most body bytes of long requests one kvrouter takes in a second: raise it where long
     /// bodies (images inlined as base64) are the normal traffic. 0 reads at full speed. Unset
     /// (the default): 8 MiB/s per core kvrouter may use ([`Self::heavy_rate`]; 16 MiB/s on 2

@@ -309,6 +309,12 @@ impl<B> Divert<B> {
 
     /// Gives up the long message being read: its place is refused, tonic gets a placeholder.
     fn refuse(&mut self) {
+        // What Envoy may already have sent of the rest (up to the stream's window) is
+        // received whether or not it is read: it counts against the rate too.
+        if let (State::Collect { left, .. }, Some(pace)) = (&self.state, &self.pace) {
+            let unread = (*left).min(super::STREAM_WINDOW_BYTES as usize);
+            pace.charge(unread, self.flow.0.get());
+        }
         self.state = State::Header {
             bytes: [0; HEADER],
             have: 0,
