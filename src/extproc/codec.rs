@@ -204,7 +204,7 @@ where
         Box::pin(async move {
             // Read per stream, so a reload of `routing.heavy_body_bytes` (and its rate) applies
             // to new streams.
-            let (raw_above, rate, max_wait) = inner.raw_above();
+            let (raw_above, rate, max_wait) = inner.long_body_settings();
             pace.set_rate(rate);
             let diverted = Diverted::default();
             // The stream learns its tenant from its headers message and sets it here, for

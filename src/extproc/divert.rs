@@ -223,11 +223,13 @@ impl Pace {
         if let Some(tenant) = tenant {
             let flows = &mut buckets.flows;
             flows.retain(|_, (_, last)| now.saturating_duration_since(*last) < FLOW_ACTIVE);
-            if flows.len() < MAX_FLOWS || flows.contains_key(tenant) {
-                let active = flows.len() + usize::from(!flows.contains_key(tenant));
-                let share = rate as f64 / active as f64;
-                let (paid, flow_ready) = pay(flows.get(tenant).map(|f| f.0), share);
-                flows.insert(Arc::clone(tenant), (paid, now));
+            let known = flows.contains_key(tenant);
+            if known || flows.len() < MAX_FLOWS {
+                let share = rate as f64 / (flows.len() + usize::from(!known)) as f64;
+                // A new tenant's bucket starts paid off now.
+                let flow = flows.entry(Arc::clone(tenant)).or_insert((now, now));
+                let (paid, flow_ready) = pay(Some(flow.0), share);
+                *flow = (paid, now);
                 ready = ready.max(flow_ready);
             }
         }
@@ -514,14 +516,22 @@ mod tests {
         out
     }
 
-    /// Feeds `wire` through a Divert in pieces of `piece` bytes; what tonic would get, and
-    /// what was diverted.
-    async fn run(wire: &[u8], piece: usize, raw_above: usize) -> (Vec<u8>, Vec<(u64, Vec<u8>)>) {
+    /// `wire` as a request body of DATA frames of `piece` bytes.
+    fn body_of(
+        wire: &[u8],
+        piece: usize,
+    ) -> impl Body<Data = Bytes, Error = std::convert::Infallible> + Unpin {
         let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
             .chunks(piece)
             .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
             .collect();
-        let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        http_body_util::StreamBody::new(futures::stream::iter(frames))
+    }
+
+    /// Feeds `wire` through a Divert in pieces of `piece` bytes; what tonic would get, and
+    /// what was diverted.
+    async fn run(wire: &[u8], piece: usize, raw_above: usize) -> (Vec<u8>, Vec<(u64, Vec<u8>)>) {
+        let inner = body_of(wire, piece);
         let diverted = Diverted::default();
         let body = Divert::new(inner, raw_above, 1 << 20, Arc::clone(&diverted));
         let passed = body.collect().await.unwrap().to_bytes().to_vec();
@@ -595,11 +605,7 @@ mod tests {
         if let Some(tenant) = tenant {
             flow.set(tenant);
         }
-        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
-            .chunks(16 << 10)
-            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
-            .collect();
-        let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let inner = body_of(wire, 16 << 10);
         let diverted = Diverted::default();
         let body = Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(
             Arc::clone(pace),
@@ -649,11 +655,7 @@ mod tests {
         // message follows it on the wire.
         let mut wire = framed(12 * mib, b'x');
         wire.extend(framed(10, b's'));
-        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = wire
-            .chunks(16 << 10)
-            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
-            .collect();
-        let inner = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let inner = body_of(&wire, 16 << 10);
         let diverted = Diverted::default();
         let pace = Arc::new(Pace::new(4 << 20));
         let body = Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(

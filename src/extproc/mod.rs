@@ -103,7 +103,7 @@ impl ExtProc {
     /// Messages longer than this are decoded off the async workers ([`codec`]): the bodies
     /// that are decided in the heavy lane; the byte rate they are read at together, and how
     /// long one may wait for it before it is refused.
-    fn raw_above(&self) -> (usize, u64, Duration) {
+    fn long_body_settings(&self) -> (usize, u64, Duration) {
         let state = self.router.snapshot();
         let routing = &state.config.routing;
         (

@@ -265,11 +265,10 @@ impl Stream {
     /// undecoded. Only a request still taking its body is charged or refused; a long message in
     /// any other phase (a response body a picker watches) is not held and passes.
     pub fn prepay(&mut self, bytes: usize) -> Result<(), Vec<ProcessingResponse>> {
-        let state = match &self.phase {
-            Phase::RequestBody(p) => Arc::clone(&p.state),
-            Phase::Start => self.router.snapshot(),
-            _ => return Ok(()),
-        };
+        if !matches!(self.phase, Phase::RequestBody(_) | Phase::Start) {
+            return Ok(());
+        }
+        let state = self.state_in_force();
         let routing = &state.config.routing;
         if self.prepaid.grow(bytes, routing.max_buffered_body_bytes) {
             return Ok(());
@@ -280,11 +279,17 @@ impl Stream {
     /// Refuses the request whose long body waited too long for its turn to be read (503 with
     /// `retry-after`), instead of letting Envoy's message timeout fail it open.
     pub fn refuse_held_body(&mut self) -> Vec<ProcessingResponse> {
-        let retry_after_s = match &self.phase {
-            Phase::RequestBody(p) => p.state.config.routing.retry_after_s,
-            _ => self.router.snapshot().config.routing.retry_after_s,
-        };
+        let retry_after_s = self.state_in_force().config.routing.retry_after_s;
         self.reject(Rejection::long_bodies_busy(), retry_after_s)
+    }
+
+    /// The snapshot the request's body is handled under: the one its headers took, else the
+    /// one in force now.
+    fn state_in_force(&self) -> Arc<RouterState> {
+        match &self.phase {
+            Phase::RequestBody(p) => Arc::clone(&p.state),
+            _ => self.router.snapshot(),
+        }
     }
 
     /// The request's trusted tenant, once its headers came.
