@@ -328,6 +328,7 @@ mod tests {
             tenant: None,
             scheduled_ms: sent,
             sent_ms: sent,
+            headers_ms: None,
             first_token_ms: Some(sent + ttft),
             end_ms: sent + ttft + 10.0,
             status: if ok { 200 } else { 0 },

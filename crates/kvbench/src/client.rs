@@ -22,6 +22,11 @@ pub struct RequestRecord {
     pub scheduled_ms: f64,
     /// When it was sent (later than scheduled if the concurrency cap held it back).
     pub sent_ms: f64,
+    /// When the response's headers arrived (any status). Behind kvrouter's queue, for an
+    /// admitted request this is about when it was dispatched: a replica answers with headers at
+    /// once and streams the tokens after (older records have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_ms: Option<f64>,
     /// When the first generated token arrived.
     pub first_token_ms: Option<f64>,
     /// When the response ended (or failed).
@@ -101,6 +106,8 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Serving replica.
     pub replica: Option<String>,
+    /// When the response's headers arrived (any status).
+    pub headers: Option<Instant>,
     /// First content token.
     pub first_token: Option<Instant>,
     /// `usage.prompt_tokens`.
@@ -135,6 +142,7 @@ pub async fn send(
             return out;
         }
     };
+    out.headers = Some(Instant::now());
     out.status = resp.status().as_u16();
     out.replica = resp
         .headers()

@@ -149,6 +149,7 @@ mod tests {
             tenant: None,
             scheduled_ms: sent,
             sent_ms: sent,
+            headers_ms: None,
             first_token_ms: Some(sent + 1.0),
             end_ms: sent + 2.0,
             status: 200,

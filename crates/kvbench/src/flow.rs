@@ -16,6 +16,17 @@
 //! is eventually answered, so admitted = asked and the share is the fair one by construction:
 //! there the figure says nothing; the TTFT and goodput rows say what waiting cost.
 //!
+//! What each asked is counted two ways. **All demand**: every request sent. **Contended
+//! demand**: requests answered, plus refused ones that were waiting (or would have waited, up to
+//! the bound) while another request of their band was dispatched. A request refused while its
+//! band got no room at all (a higher band took every slot for its whole wait) lost to priority,
+//! not to another flow, and no order within the band could have admitted it; a work-conserving
+//! queue gives such a flow's later slots to whoever waits, so against all demand the flood is
+//! over its share by exactly what priority took from the light tenant. Contended demand is the
+//! share fairness between backlogged flows owes (VTC's and DRR's guarantee); both are reported.
+//! Dispatch times are when answered requests' response headers reached the client (kvsim
+//! answers with headers at once, so this is the dispatch plus one Envoy hop).
+//!
 //! **Tokens.** Admitted requests carry the replica's `usage.prompt_tokens`; refused ones do not,
 //! and are counted at the mean of the run's answered requests (every `flow_mix` prompt has the
 //! same token count by construction).
@@ -83,11 +94,11 @@ pub struct FlowReport {
 }
 
 /// Per-run figures, in this order.
-const FIGURES: [&str; 11] = [
+const FIGURES: [&str; N_FIG] = [
     "critical TTFT p90, simulated ms",
     "flooding tenant's share of admitted prompt tokens",
-    "flooding tenant's fair share (max-min per band)",
-    "admitted share / fair share",
+    "flooding tenant's fair share of all demand (max-min per band)",
+    "admitted share / fair share of all demand",
     "sheddable answered 429 with retry-after",
     "other refusals (429/503 with retry-after)",
     "refusals answered later than the bound + slack (client clock)",
@@ -95,7 +106,10 @@ const FIGURES: [&str; 11] = [
     "goodput, answers within the TTFT objective per s",
     "answered (200, complete)",
     "sheddable TTFT p90, simulated ms",
+    "flooding tenant's fair share of contended demand (max-min per band)",
+    "admitted share / fair share of contended demand",
 ];
+const N_FIG: usize = 13;
 const CRIT_P90: usize = 0;
 const SHARE: usize = 1;
 const FAIR: usize = 2;
@@ -104,6 +118,8 @@ const SHED: usize = 4;
 const OVER_BOUND: usize = 6;
 const LOST: usize = 7;
 const GOODPUT: usize = 8;
+const FAIR_CONTENDED: usize = 11;
+const SHARE_OVER_CONTENDED: usize = 12;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Req {
@@ -120,12 +136,32 @@ struct Req {
     shed_429: bool,
     refused_other: bool,
     late_refusal: bool,
+    /// Demand some request of its band could have met: answered, or waiting while another
+    /// request of its band was dispatched (see [`contended`]).
+    contended: bool,
 }
 
 #[derive(Debug, Clone)]
 struct Run {
     reqs: Vec<Req>,
     window_s: f64,
+    /// Whether every answered request has its response headers' time, so the contended demand
+    /// is known (records from before that field have none).
+    contention_known: bool,
+}
+
+/// Whether a request of a band that was not answered was contended demand: some request of its
+/// band was dispatched (`dispatches`, sorted, simulated ms: when answered requests' response
+/// headers arrived, the replica answering with headers at once) while it could have been
+/// waiting, from when it was sent to `sent_ms + bound_ms` (a refusal at the door counts as if
+/// it had waited the bound). A request refused while nothing of its band was dispatched for its
+/// whole wait lost to higher bands or to an empty fleet, not to another flow of its band: no
+/// order within the band could have admitted it, so it is not demand a fair split can owe.
+fn contended(dispatches: &[f64], sent_ms: f64, bound_ms: f64) -> bool {
+    let first_after = dispatches.partition_point(|&d| d < sent_ms);
+    dispatches
+        .get(first_after)
+        .is_some_and(|&d| d <= sent_ms + bound_ms)
 }
 
 impl Run {
@@ -139,6 +175,27 @@ impl Run {
             .collect();
         let mean_tokens = super::stats::mean(&answered).unwrap_or(1.0);
         let n = run.records.iter().map(|r| r.id + 1).max().unwrap_or(0);
+        let band_of = |objective: Option<&str>| {
+            if objective == Some(a.critical.as_str()) {
+                0
+            } else if objective == Some(a.sheddable.as_str()) {
+                1
+            } else {
+                2
+            }
+        };
+        // Per band, when its answered requests were dispatched.
+        let mut dispatches: [Vec<f64>; 3] = Default::default();
+        let mut contention_known = true;
+        for r in run.records.iter().filter(|r| r.ok()) {
+            match r.headers_ms {
+                Some(t) => dispatches[band_of(r.objective.as_deref())].push(t),
+                None => contention_known = false,
+            }
+        }
+        dispatches
+            .iter_mut()
+            .for_each(|d| d.sort_unstable_by(f64::total_cmp));
         let mut reqs = vec![Req::default(); n];
         let mut last = s.window_from_ms;
         for r in &run.records {
@@ -151,17 +208,12 @@ impl Run {
             let sheddable = objective == Some(a.sheddable.as_str());
             let refused = matches!(r.status, 429 | 503) && r.retry_after.is_some();
             let ttft = r.ttft_ms().filter(|_| r.ok());
+            let band = band_of(objective);
             reqs[r.id] = Req {
                 in_window,
                 critical,
                 sheddable,
-                band: if critical {
-                    0
-                } else if sheddable {
-                    1
-                } else {
-                    2
-                },
+                band,
                 flood: r.tenant.as_deref() == Some(a.flooding_tenant.as_str()),
                 tokens: r
                     .prompt_tokens
@@ -173,20 +225,24 @@ impl Run {
                 shed_429: refused && r.status == 429 && sheddable,
                 refused_other: refused && !(r.status == 429 && sheddable),
                 late_refusal: refused && r.e2e_ms() > bound_ms + BOUND_SLACK,
+                // Lost or failed requests count as demand whatever happened around them.
+                contended: r.ok() || !refused || contended(&dispatches[band], r.sent_ms, bound_ms),
             };
         }
         Some(Run {
             reqs,
             window_s: ((last - s.window_from_ms) / 1000.0).max(1.0),
+            contention_known,
         })
     }
 
     /// Every figure of [`FIGURES`] over the requests `ids` (with repetition) in the window.
-    fn figures(&self, ids: &mut dyn Iterator<Item = usize>) -> [Option<f64>; 11] {
+    fn figures(&self, ids: &mut dyn Iterator<Item = usize>) -> [Option<f64>; N_FIG] {
         let mut crit = Vec::new();
         let mut shed_ttft = Vec::new();
         // [band][flood?] asked and admitted tokens.
         let mut asked = [[0.0f64; 2]; 3];
+        let mut asked_contended = [[0.0f64; 2]; 3];
         let mut admitted = [[0.0f64; 2]; 3];
         let mut counts = [0usize; 5]; // shed, other, late, lost, good
         let mut answered = 0usize;
@@ -196,6 +252,9 @@ impl Run {
             };
             let t = usize::from(r.flood);
             asked[r.band][t] += r.tokens;
+            if r.contended {
+                asked_contended[r.band][t] += r.tokens;
+            }
             if r.answered {
                 admitted[r.band][t] += r.tokens;
                 answered += 1;
@@ -215,20 +274,27 @@ impl Run {
         }
         let total: f64 = admitted.iter().flatten().sum();
         let share = (total > 0.0).then(|| admitted.iter().map(|b| b[1]).sum::<f64>() / total);
-        let fair = (total > 0.0).then(|| {
-            (0..3)
-                .map(|b| max_min(admitted[b][0] + admitted[b][1], asked[b])[1])
-                .sum::<f64>()
-                / total
-        });
+        let fair_of = |asked: &[[f64; 2]; 3]| {
+            (total > 0.0).then(|| {
+                (0..3)
+                    .map(|b| max_min(admitted[b][0] + admitted[b][1], asked[b])[1])
+                    .sum::<f64>()
+                    / total
+            })
+        };
+        let over = |fair: Option<f64>| {
+            share
+                .zip(fair)
+                .filter(|(_, f)| *f > 0.0)
+                .map(|(s, f)| s / f)
+        };
+        let fair = fair_of(&asked);
+        let fair_contended = fair_of(&asked_contended).filter(|_| self.contention_known);
         [
             super::stats::percentile(&crit, 0.9),
             share,
             fair,
-            share
-                .zip(fair)
-                .filter(|(_, f)| *f > 0.0)
-                .map(|(s, f)| s / f),
+            over(fair),
             Some(counts[0] as f64),
             Some(counts[1] as f64),
             Some(counts[2] as f64),
@@ -236,6 +302,8 @@ impl Run {
             Some(counts[4] as f64 / self.window_s),
             Some(answered as f64),
             super::stats::percentile(&shed_ttft, 0.9),
+            fair_contended,
+            over(fair_contended),
         ]
     }
 }
@@ -347,7 +415,7 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
     let n_fig = FIGURES.len();
     // Points: the median over seeds of each run's figures on all its requests.
     let all = |run: &Run| run.figures(&mut (0..run.reqs.len()));
-    let mut points = [[[None; 11]; 2]; 2];
+    let mut points = [[[None; N_FIG]; 2]; 2];
     for (arm, arm_points) in points.iter_mut().enumerate() {
         for (cell, cell_points) in arm_points.iter_mut().enumerate() {
             for (f, slot) in cell_points.iter_mut().enumerate() {
@@ -466,16 +534,32 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
             totals: None,
         });
     }
-    let share = est(0, 0, SHARE_OVER_FAIR);
-    rows.push(FlowRow {
-        figure: FIGURES[SHARE_OVER_FAIR].into(),
-        goal: "<= 1".into(),
-        verdict: at_most(&share, 1.0).into(),
-        on: share,
-        off: est(1, 0, SHARE_OVER_FAIR),
-        on_over_off: None,
-        totals: None,
-    });
+    for (fair, over) in [
+        (FAIR, SHARE_OVER_FAIR),
+        (FAIR_CONTENDED, SHARE_OVER_CONTENDED),
+    ] {
+        if fair != FAIR {
+            rows.push(FlowRow {
+                figure: FIGURES[fair].into(),
+                goal: String::new(),
+                on: est(0, 0, fair),
+                off: est(1, 0, fair),
+                on_over_off: None,
+                verdict: String::new(),
+                totals: None,
+            });
+        }
+        let share = est(0, 0, over);
+        rows.push(FlowRow {
+            figure: FIGURES[over].into(),
+            goal: "<= 1".into(),
+            verdict: at_most(&share, 1.0).into(),
+            on: share,
+            off: est(1, 0, over),
+            on_over_off: None,
+            totals: None,
+        });
+    }
     let total = |arm: usize, f: usize| data.iter().filter_map(|d| all(&d[arm][0])[f]).sum::<f64>();
     for (f, goal) in [
         (SHED, "> 0 under overload"),
@@ -594,6 +678,7 @@ mod tests {
                     tenant: Some(tenant.into()),
                     scheduled_ms: t0,
                     sent_ms: t0,
+                    headers_ms: ok.then_some(t0 + 1.0),
                     first_token_ms: ok.then_some(t0 + ttft),
                     end_ms: t0 + if ok { ttft + 10.0 } else { refused_after_ms },
                     status,
@@ -717,6 +802,69 @@ mod tests {
         let f = &analyse(&plan, &runs)[0];
         assert!(f.missing.is_some());
         assert!(f.rows.is_empty());
+    }
+
+    #[test]
+    fn contended_demand_is_what_waited_while_its_band_was_served() {
+        let d = [1000.0, 2000.0];
+        assert!(contended(&d, 900.0, 500.0), "dispatched while it waited");
+        assert!(contended(&d, 1000.0, 0.0), "at the moment it was sent");
+        assert!(
+            !contended(&d, 1100.0, 500.0),
+            "nothing of its band went out meanwhile"
+        );
+        assert!(!contended(&d, 2100.0, 5000.0), "nothing after it");
+        assert!(!contended(&[], 0.0, 5000.0));
+    }
+
+    /// A light tenant's sheddable request expires while a critical burst takes every slot (no
+    /// sheddable request goes out for its whole wait); later the flood's sheddable requests are
+    /// served, and a light one refused while they were is demand the split owed. Over all demand
+    /// the flood is over its share; over contended demand it is exactly at it.
+    #[test]
+    fn demand_refused_while_its_band_got_no_room_is_not_owed() {
+        let bound = 5000.0;
+        let mut reqs: Vec<(&str, &str, u16, f64)> = Vec::new();
+        for id in 0..82 {
+            reqs.push(match id {
+                // Refused at 500 ms; nothing sheddable dispatched until 6000 ms.
+                5 => ("sheddable", "steady", 429, 0.0),
+                // Refused at 7000 ms while the flood's sheddable requests are dispatched.
+                70 => ("sheddable", "steady", 429, 0.0),
+                81 => ("sheddable", "steady", 200, 100.0),
+                60..=80 => ("sheddable", "flood", 200, 100.0),
+                _ => (
+                    "critical",
+                    if id % 2 == 0 { "flood" } else { "steady" },
+                    200,
+                    100.0,
+                ),
+            });
+        }
+        let result = run("flow-on", "overload", 1, &reqs);
+        let r = Run::of(&result, &FlowAnalysisSpec::default(), 1000.0, bound).unwrap();
+        assert!(r.contention_known);
+        assert!(!r.reqs[5].contended && r.reqs[70].contended && r.reqs[81].contended);
+        let f = r.figures(&mut (0..r.reqs.len()));
+        // Sheddable: flood admitted 20 x 100 tokens, light 100; light asked 300 in all, 200
+        // contended. Critical: every request answered, so its fair split is what each asked.
+        let critical_flood = (0..60).filter(|&i| i != 5 && i % 2 == 0).count() as f64 * 100.0;
+        let total = 59.0 * 100.0 + 2000.0 + 100.0;
+        let share = (critical_flood + 2000.0) / total;
+        assert!((f[SHARE].unwrap() - share).abs() < 1e-9);
+        let fair_all = (critical_flood + 2100.0 - 300.0) / total;
+        let fair_contended = (critical_flood + 2100.0 - 200.0) / total;
+        assert!((f[FAIR].unwrap() - fair_all).abs() < 1e-9);
+        assert!((f[FAIR_CONTENDED].unwrap() - fair_contended).abs() < 1e-9);
+        assert!(f[SHARE_OVER_FAIR].unwrap() > 1.0);
+        assert!((f[SHARE_OVER_CONTENDED].unwrap() - share / fair_contended).abs() < 1e-9);
+        // Records without the headers' time cannot say what was contended: no figure.
+        let mut old = result.clone();
+        old.records.iter_mut().for_each(|r| r.headers_ms = None);
+        let r = Run::of(&old, &FlowAnalysisSpec::default(), 1000.0, bound).unwrap();
+        let f = r.figures(&mut (0..r.reqs.len()));
+        assert_eq!((f[FAIR_CONTENDED], f[SHARE_OVER_CONTENDED]), (None, None));
+        assert!(f[FAIR].is_some());
     }
 
     #[test]

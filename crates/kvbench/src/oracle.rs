@@ -281,6 +281,7 @@ mod tests {
             tenant: Some(tenant.into()),
             scheduled_ms: sent,
             sent_ms: sent,
+            headers_ms: None,
             first_token_ms: Some(sent + 10.0),
             end_ms: sent + 20.0,
             status: 200,

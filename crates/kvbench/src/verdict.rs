@@ -489,6 +489,7 @@ mod tests {
                 tenant: None,
                 scheduled_ms: id as f64 * 100.0,
                 sent_ms: id as f64 * 100.0,
+                headers_ms: None,
                 first_token_ms: Some(id as f64 * 100.0 + t),
                 end_ms: id as f64 * 100.0 + t + 10.0,
                 status: 200,
