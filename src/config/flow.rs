@@ -40,13 +40,6 @@ pub struct FlowControlConfig {
     /// Request header naming the request's flow for fairness, when the trusted tenancy header
     /// (`tenancy.header`) is not configured or absent. Default `x-llm-d-inference-fairness-id`.
     pub fairness_header: String,
-    /// Credit a flow that went idle brings back, in estimated prompt tokens: it rejoins its band
-    /// up to this many tokens behind the active flows (at most what they were given while it
-    /// was away), so it is served first until it has caught up: a light tenant's bursts get back
-    /// the slots a flood took while it had nothing queued. The credit fades once the band has
-    /// moved more than this past the flow (none left at twice it): long idleness earns nothing.
-    /// 0 = none (plain VTC: a flow rejoins level with the others). Default 16384.
-    pub idle_credit_tokens: u64,
     /// Order of a flow's requests within a priority band (the flow itself is chosen by
     /// fairness): `fcfs` (arrival) or `edf` (earliest deadline: arrival plus the objective's
     /// `ttft_target_ms`; requests without a target after those with one, in arrival order).
@@ -91,7 +84,6 @@ impl Default for FlowControlConfig {
             objectives: Vec::new(),
             default_priority: 0,
             fairness_header: "x-llm-d-inference-fairness-id".to_string(),
-            idle_credit_tokens: 16384,
             ordering: QueueOrdering::Fcfs,
             bands: Vec::new(),
         }

@@ -236,7 +236,6 @@ impl FlowController {
         {
             let mut models = self.models.lock();
             let state = models.entry(model.to_string()).or_default();
-            state.queue.set_idle_credit(config.idle_credit_tokens);
             let ask = Ask {
                 tokens,
                 ttft_target_ms: labels.ttft_target_ms,

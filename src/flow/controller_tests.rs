@@ -460,39 +460,3 @@ async fn a_flow_whose_waiters_expired_is_served_first_when_it_returns() {
     // Its clients left instead: nothing owed, light comes back level and the slots alternate.
     assert_eq!(after_expiry(true).await, vec![0, 2, 1, 3]);
 }
-
-/// The flood has seven requests queued and light one; light's goes first, then the flood is
-/// served six while light has nothing queued; light returns with three. The order of the last
-/// four dispatches (0: the flood's, 1-3: light's), under `idle_credit_tokens: credit`.
-async fn burst_after_idling(credit: u64) -> Vec<usize> {
-    let (c, free) = controller(&format!(
-        "{{max_wait_ms: 60000, idle_credit_tokens: {credit}}}"
-    ));
-    let mut first: Waiters = Vec::new();
-    for i in 0..7 {
-        first.push((i, spawn_admit(&c, labels(0, "flood"), 400)));
-        until(|| queued(&c) == i + 1).await;
-    }
-    first.push((100, spawn_admit(&c, labels(0, "light"), 400)));
-    until(|| queued(&c) == 8).await;
-    assert_eq!(
-        dispatch_some(&free, &c, &mut first, 7).await,
-        vec![100, 0, 1, 2, 3, 4, 5]
-    );
-    let mut rest: Waiters = first.into_iter().map(|(_, t)| (0, t)).collect();
-    for i in 1..=3 {
-        rest.push((i, spawn_admit(&c, labels(0, "light"), 400)));
-        until(|| queued(&c) == 1 + i).await;
-    }
-    dispatch_order(&free, &c, rest).await
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_bursty_light_flow_gets_back_the_slots_the_flood_took_while_it_was_idle() {
-    // 100 tokens a request: the flood was given 500 past light's counter while light was away,
-    // all of it within a credit of 1000: light's burst goes first.
-    assert_eq!(burst_after_idling(1000).await, vec![1, 2, 3, 0]);
-    // No credit (plain VTC): light rejoins level with the flood, which asks less (one request
-    // left) and goes first.
-    assert_eq!(burst_after_idling(0).await, vec![0, 1, 2, 3]);
-}

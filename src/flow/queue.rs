@@ -7,11 +7,12 @@
 //! Fairness is a virtual token counter (AIBrix's VTC, Sheng et al. 2024): each flow in a band
 //! counts the prompt tokens dispatched for it, and the active flow with the smallest count goes
 //! next. A flow that becomes active starts at the smallest count among the active flows (or the
-//! band's last dispatched count when none is), less a bounded idle credit (below), so a flooding
-//! flow cannot starve a trickling one. Empty flows are dropped at once; a dropped flow's counter
-//! is remembered only while it is ahead of the band's virtual time (it was served within the last
-//! request's worth of tokens), it is owed tokens it lost, or it has idle credit left (below), at
-//! most `MAX_REMEMBERED_FLOWS` of them, so memory is bounded by the queued entries plus those few.
+//! band's last dispatched count when none is), so idling earns no credit and a flooding flow
+//! cannot starve a trickling one: over any busy period their dispatched tokens differ by at most
+//! one request's tokens. Empty flows are dropped at once; a dropped flow's counter is remembered
+//! only while it is ahead of the band's virtual time (it was served within the last request's
+//! worth of tokens) or it is owed tokens it lost (below), at most `MAX_REMEMBERED_FLOWS` of
+//! them, so memory is bounded by the queued entries plus those few.
 //!
 //! Over-share flows lose first (flow bench, tight room: the flooding tenant got 1.15x its fair
 //! share because the light tenant's requests expired while the flood's were dispatched):
@@ -37,14 +38,6 @@
 //!   debt is forgotten once the band's virtual time has moved two debts past the flow's
 //!   counter (it did not come back while others were served that much), and is capped at
 //!   `MAX_OWED_TOKENS`.
-//! - A flow that went idle while its band stayed busy comes back up to the queue's idle credit
-//!   (`flow_control.idle_credit_tokens`) behind the active flows: at most what they were given
-//!   while it was away, fading once the band has moved more than the credit past it and gone at
-//!   twice it ([`Memory::credit`]: continuous, so forgetting the flow changes nothing). Plain
-//!   VTC's "no credit for idling" hands a bursty light flow's share, between its bursts, to
-//!   the flood for good: over the flow bench's runs the flood ended 1.04-1.06x its max-min
-//!   share, every light request lost while its band was being served. Credit is kept within a
-//!   busy period only: when the band empties, memories that are neither ahead nor owed go.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -76,22 +69,10 @@ struct Memory {
 }
 
 impl Memory {
-    /// Still worth keeping at the band's virtual time `vtime`: ahead of it, owed a debt the band
-    /// has not moved far past, or with idle credit left under `credit_cap` ([`Self::credit`]).
-    fn live(&self, vtime: u64, credit_cap: u64) -> bool {
-        let reach = self
-            .owed
-            .saturating_mul(2)
-            .max(credit_cap.saturating_mul(2));
-        self.counter.saturating_add(reach) > vtime
-    }
-
-    /// Idle credit at `level` (the active flows' counter): what the band was given past this
-    /// flow's counter while it was away, up to `cap`, fading once the band is more than `cap`
-    /// past it and gone at twice `cap` (continuous, so when it is forgotten nothing changes).
-    fn credit(&self, level: u64, cap: u64) -> u64 {
-        let behind = level.saturating_sub(self.counter);
-        behind.min(cap.saturating_mul(2).saturating_sub(behind))
+    /// Still worth keeping at the band's virtual time `vtime`: ahead of it, or owed a debt the
+    /// band has not moved far past.
+    fn live(&self, vtime: u64) -> bool {
+        self.counter.saturating_add(self.owed.saturating_mul(2)) > vtime
     }
 }
 
@@ -162,10 +143,9 @@ impl<T> Band<T> {
     }
 
     /// The counter a flow that is not active starts at: level with the active flows (or the
-    /// band's virtual time), less what it is owed or its idle credit (`credit_cap`), whichever
-    /// is more, but not below its own remembered counter, or where it was if it is still ahead
-    /// of that.
-    fn start_of(&self, flow: &str, credit_cap: u64) -> u64 {
+    /// band's virtual time), less what it is owed but not below its own remembered counter, or
+    /// where it was if it is still ahead of that.
+    fn start_of(&self, flow: &str) -> u64 {
         let level = self
             .flows
             .values()
@@ -173,9 +153,7 @@ impl<T> Band<T> {
             .min()
             .unwrap_or(self.vtime);
         match self.remembered.get(flow) {
-            Some(m) => level
-                .saturating_sub(m.owed.max(m.credit(level, credit_cap)))
-                .max(m.counter),
+            Some(m) => level.saturating_sub(m.owed).max(m.counter),
             None => level,
         }
     }
@@ -187,8 +165,6 @@ pub(crate) struct ModelQueue<T> {
     bands: BTreeMap<i32, Band<T>>,
     len: usize,
     bytes: u64,
-    /// Most idle credit a returning flow gets (`flow_control.idle_credit_tokens`).
-    idle_credit: u64,
 }
 
 impl<T> Default for ModelQueue<T> {
@@ -197,7 +173,6 @@ impl<T> Default for ModelQueue<T> {
             bands: BTreeMap::new(),
             len: 0,
             bytes: 0,
-            idle_credit: 0,
         }
     }
 }
@@ -235,11 +210,6 @@ impl<T> ModelQueue<T> {
         self.len == 0
     }
 
-    /// Sets the most idle credit a returning flow gets, in tokens (0: none).
-    pub(crate) fn set_idle_credit(&mut self, tokens: u64) {
-        self.idle_credit = tokens;
-    }
-
     /// Nothing queued and no flow's counter remembered: the queue can be forgotten.
     pub(crate) fn is_idle(&self) -> bool {
         self.bands.is_empty()
@@ -251,7 +221,7 @@ impl<T> ModelQueue<T> {
         self.bytes += entry.bytes;
         let band = self.bands.entry(entry.priority).or_insert_with(Band::new);
         if !band.flows.contains_key(&entry.flow) {
-            let counter = band.start_of(&entry.flow, self.idle_credit);
+            let counter = band.start_of(&entry.flow);
             // The debt goes with it until service pays it back (`pop`).
             let owed = band.remembered.remove(&entry.flow).map_or(0, |m| m.owed);
             band.flows.insert(
@@ -291,8 +261,7 @@ impl<T> ModelQueue<T> {
         flow.counter += entry.tokens.max(1);
         flow.owed = flow.owed.saturating_sub(entry.tokens.max(1));
         let vtime = band.vtime;
-        let cap = self.idle_credit;
-        band.remembered.retain(|_, m| m.live(vtime, cap));
+        band.remembered.retain(|_, m| m.live(vtime));
         self.forget_if_empty(priority, &name);
         self.len -= 1;
         self.bytes -= entry.bytes;
@@ -356,7 +325,7 @@ impl<T> ModelQueue<T> {
         let band = self.bands.get(&priority)?;
         let newcomer_ends = match band.flows.get(flow) {
             Some(f) => f.counter + f.queued_tokens,
-            None => band.start_of(flow, self.idle_credit),
+            None => band.start_of(flow),
         } + tokens.max(1);
         let (victim, ends) = band
             .flows
@@ -402,18 +371,10 @@ impl<T> ModelQueue<T> {
                     counter: f.counter,
                     owed: f.owed,
                 };
-                if memory.live(band.vtime, self.idle_credit)
-                    && band.remembered.len() < MAX_REMEMBERED_FLOWS
-                {
+                if memory.live(band.vtime) && band.remembered.len() < MAX_REMEMBERED_FLOWS {
                     band.remembered.insert(name, memory);
                 }
             }
-        }
-        // Idle credit is kept within a busy period: once nothing of the band is queued, the
-        // next backlog starts afresh (what is ahead or owed is still kept).
-        if band.flows.is_empty() {
-            let vtime = band.vtime;
-            band.remembered.retain(|_, m| m.live(vtime, 0));
         }
         // A band without flows is kept while it remembers one (bands are the configured
         // priorities: few).
@@ -514,63 +475,6 @@ mod tests {
         q.push(entry(8, 0, "b", 100));
         q.push(entry(9, 0, "b", 100));
         assert_eq!(drain(&mut q), vec![5, 7, 6, 8, 9]);
-    }
-
-    /// "b" is served one request and goes idle while "a" is served `a_served` requests (100
-    /// tokens each) under an idle credit of 300; then "b" returns with three. The flows of the
-    /// remaining dispatches, in order.
-    fn after_idling(a_served: usize, credit: u64) -> String {
-        let mut q = ModelQueue::default();
-        q.set_idle_credit(credit);
-        for id in 1..=20 {
-            q.push(entry(id, 0, "a", 100));
-        }
-        q.push(entry(100, 0, "b", 100));
-        // Level at 0, "b" asks less: it goes first and empties at counter 100.
-        assert_eq!(q.pop().map(|e| e.id), Some(100));
-        for _ in 0..a_served {
-            assert_eq!(q.pop().map(|e| e.flow.to_string()), Some("a".into()));
-        }
-        for id in 101..=103 {
-            q.push(entry(id, 0, "b", 100));
-        }
-        (0..6).map(|_| q.pop().unwrap().flow.to_string()).collect()
-    }
-
-    #[test]
-    fn a_flow_idle_within_a_busy_period_gets_back_what_it_missed_up_to_the_credit() {
-        // "a" was given 300 tokens past "b" while "b" was away: all of it is credit.
-        assert_eq!(after_idling(4, 300), "bbbaaa");
-        // Without credit (plain VTC) "b" rejoins level and the slots alternate ("b" first at
-        // equal counters: it asks less).
-        assert_eq!(after_idling(4, 0), "bababa");
-        // 500 past it: the credit fades past the cap (300 - (500 - 300) = 100 tokens): one
-        // slot more than alternating.
-        assert_eq!(after_idling(6, 300), "bbabaa");
-        assert_eq!(after_idling(6, 0), "bababa");
-        // 600 or more past it: none left, "b" rejoins level (and was forgotten).
-        assert_eq!(after_idling(7, 300), after_idling(7, 0));
-    }
-
-    #[test]
-    fn idle_credit_is_forgotten_when_the_band_empties() {
-        let mut q = ModelQueue::default();
-        q.set_idle_credit(1000);
-        q.push(entry(1, 0, "a", 100));
-        q.push(entry(2, 0, "a", 100));
-        q.push(entry(3, 0, "b", 100));
-        assert!(q.remove(0, "b", 3, Removal::Cancelled).is_some());
-        assert!(
-            q.bands[&0].remembered.contains_key("b"),
-            "idle within a busy period"
-        );
-        drain(&mut q);
-        assert!(
-            !q.bands
-                .get(&0)
-                .is_some_and(|b| b.remembered.contains_key("b")),
-            "the busy period ended: the next backlog starts afresh"
-        );
     }
 
     /// Entries of one flow and band with the order keys `keys` (ids in arrival order).

@@ -16,16 +16,16 @@
 //! is eventually answered, so admitted = asked and the share is the fair one by construction:
 //! there the figure says nothing; the TTFT and goodput rows say what waiting cost.
 //!
-//! What each asked is counted two ways. **All demand**: every request sent. **Contended
-//! demand**: requests answered, plus refused ones that were waiting (or would have waited, up to
-//! the bound) while another request of their band was dispatched. A request refused while its
-//! band got no room at all (a higher band took every slot for its whole wait) lost to priority,
-//! not to another flow, and no order within the band could have admitted it; a work-conserving
-//! queue gives such a flow's later slots to whoever waits, so against all demand the flood is
-//! over its share by exactly what priority took from the light tenant. Contended demand is the
-//! share fairness between backlogged flows owes (VTC's and DRR's guarantee); both are reported.
-//! Dispatch times are when answered requests' response headers reached the client (kvsim
-//! answers with headers at once, so this is the dispatch plus one Envoy hop).
+//! That is max-min over the whole run, which an online queue can miss without being unfair at
+//! any moment: it counts what a tenant asked across the run, so when a critical burst holds a
+//! band's slots for seconds and the light tenant's backlog expires with the flood's, the flood
+//! gets the slots later, when the light tenant has nothing left to ask. So a second fair share is
+//! reported, the one fair queueing promises (GPS; VTC's and DRR's guarantee): **per dispatch**,
+//! the tokens of each request dispatched in a band are owed in equal parts to the tenants that
+//! had a request of that band waiting at that moment (all to one tenant if it alone waited).
+//! A request waits from when it was sent until its dispatch (answered) or its refusal. Dispatch
+//! times are when answered requests' response headers reached the client (kvsim answers with
+//! headers at once, so this is the dispatch plus one Envoy hop).
 //!
 //! **Tokens.** Admitted requests carry the replica's `usage.prompt_tokens`; refused ones do not,
 //! and are counted at the mean of the run's answered requests (every `flow_mix` prompt has the
@@ -47,6 +47,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use super::client::RequestRecord;
 use super::plan::{FlowAnalysisSpec, Plan};
 use super::results::RunResult;
 use super::verdict::{interval, median, Estimate};
@@ -106,8 +107,8 @@ const FIGURES: [&str; N_FIG] = [
     "goodput, answers within the TTFT objective per s",
     "answered (200, complete)",
     "sheddable TTFT p90, simulated ms",
-    "flooding tenant's fair share of contended demand (max-min per band)",
-    "admitted share / fair share of contended demand",
+    "flooding tenant's fair share among the tenants waiting at each dispatch",
+    "admitted share / fair share among the tenants waiting at each dispatch",
 ];
 const N_FIG: usize = 13;
 const CRIT_P90: usize = 0;
@@ -118,8 +119,8 @@ const SHED: usize = 4;
 const OVER_BOUND: usize = 6;
 const LOST: usize = 7;
 const GOODPUT: usize = 8;
-const FAIR_CONTENDED: usize = 11;
-const SHARE_OVER_CONTENDED: usize = 12;
+const FAIR_WAITING: usize = 11;
+const SHARE_OVER_WAITING: usize = 12;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Req {
@@ -136,32 +137,38 @@ struct Req {
     shed_429: bool,
     refused_other: bool,
     late_refusal: bool,
-    /// Demand some request of its band could have met: answered, or waiting while another
-    /// request of its band was dispatched (see [`contended`]).
-    contended: bool,
+    /// The flooding tenant's part of this request's tokens if it was dispatched: shared equally
+    /// among the tenants with a request of its band waiting then ([`owed_at_dispatch`]).
+    flood_owed: f64,
 }
 
 #[derive(Debug, Clone)]
 struct Run {
     reqs: Vec<Req>,
     window_s: f64,
-    /// Whether every answered request has its response headers' time, so the contended demand
-    /// is known (records from before that field have none).
-    contention_known: bool,
+    /// Whether every answered request has its response headers' time, so who waited at each
+    /// dispatch is known (records from before that field have none).
+    dispatches_known: bool,
 }
 
-/// Whether a request of a band that was not answered was contended demand: some request of its
-/// band was dispatched (`dispatches`, sorted, simulated ms: when answered requests' response
-/// headers arrived, the replica answering with headers at once) while it could have been
-/// waiting, from when it was sent to `sent_ms + bound_ms` (a refusal at the door counts as if
-/// it had waited the bound). A request refused while nothing of its band was dispatched for its
-/// whole wait lost to higher bands or to an empty fleet, not to another flow of its band: no
-/// order within the band could have admitted it, so it is not demand a fair split can owe.
-fn contended(dispatches: &[f64], sent_ms: f64, bound_ms: f64) -> bool {
-    let first_after = dispatches.partition_point(|&d| d < sent_ms);
-    dispatches
-        .get(first_after)
-        .is_some_and(|&d| d <= sent_ms + bound_ms)
+/// One request's wait in its band: (band, flooding tenant?, from, until), simulated ms.
+type Wait = (usize, bool, f64, f64);
+
+/// The flooding tenant's part of `tokens` dispatched at `at` in `band` for a request of the
+/// flood (`flood`): the tenants with a request of `band` waiting then (`waits`; the dispatched
+/// request's own tenant always counts) share it equally.
+fn owed_at_dispatch(waits: &[Wait], band: usize, at: f64, flood: bool, tokens: f64) -> f64 {
+    let waiting = |f: bool| {
+        f == flood
+            || waits
+                .iter()
+                .any(|&(b, wf, from, until)| b == band && wf == f && from <= at && at < until)
+    };
+    match (waiting(true), waiting(false)) {
+        (true, true) => tokens / 2.0,
+        (true, false) => tokens,
+        _ => 0.0,
+    }
 }
 
 impl Run {
@@ -184,18 +191,26 @@ impl Run {
                 2
             }
         };
-        // Per band, when its answered requests were dispatched.
-        let mut dispatches: [Vec<f64>; 3] = Default::default();
-        let mut contention_known = true;
-        for r in run.records.iter().filter(|r| r.ok()) {
-            match r.headers_ms {
-                Some(t) => dispatches[band_of(r.objective.as_deref())].push(t),
-                None => contention_known = false,
-            }
-        }
-        dispatches
-            .iter_mut()
-            .for_each(|d| d.sort_unstable_by(f64::total_cmp));
+        let is_flood = |r: &RequestRecord| r.tenant.as_deref() == Some(a.flooding_tenant.as_str());
+        // Each request waits from when it was sent until its dispatch (answered: its response
+        // headers) or its answer (refused, failed).
+        let waits: Vec<Wait> = run
+            .records
+            .iter()
+            .map(|r| {
+                let until = if r.ok() { r.headers_ms } else { None };
+                (
+                    band_of(r.objective.as_deref()),
+                    is_flood(r),
+                    r.sent_ms,
+                    until.unwrap_or(r.end_ms),
+                )
+            })
+            .collect();
+        let dispatches_known = run
+            .records
+            .iter()
+            .all(|r| !r.ok() || r.headers_ms.is_some());
         let mut reqs = vec![Req::default(); n];
         let mut last = s.window_from_ms;
         for r in &run.records {
@@ -209,30 +224,34 @@ impl Run {
             let refused = matches!(r.status, 429 | 503) && r.retry_after.is_some();
             let ttft = r.ttft_ms().filter(|_| r.ok());
             let band = band_of(objective);
+            let tokens = r
+                .prompt_tokens
+                .filter(|_| r.ok())
+                .map_or(mean_tokens, |t| t as f64);
+            let flood_owed = match r.headers_ms.filter(|_| r.ok() && dispatches_known) {
+                Some(at) => owed_at_dispatch(&waits, band, at, is_flood(r), tokens),
+                None => 0.0,
+            };
             reqs[r.id] = Req {
                 in_window,
                 critical,
                 sheddable,
                 band,
-                flood: r.tenant.as_deref() == Some(a.flooding_tenant.as_str()),
-                tokens: r
-                    .prompt_tokens
-                    .filter(|_| r.ok())
-                    .map_or(mean_tokens, |t| t as f64),
+                flood: is_flood(r),
+                tokens,
                 answered: r.ok(),
                 ttft,
                 good: ttft.is_some_and(|t| t <= slo_ms),
                 shed_429: refused && r.status == 429 && sheddable,
                 refused_other: refused && !(r.status == 429 && sheddable),
                 late_refusal: refused && r.e2e_ms() > bound_ms + BOUND_SLACK,
-                // Lost or failed requests count as demand whatever happened around them.
-                contended: r.ok() || !refused || contended(&dispatches[band], r.sent_ms, bound_ms),
+                flood_owed,
             };
         }
         Some(Run {
             reqs,
             window_s: ((last - s.window_from_ms) / 1000.0).max(1.0),
-            contention_known,
+            dispatches_known,
         })
     }
 
@@ -242,7 +261,7 @@ impl Run {
         let mut shed_ttft = Vec::new();
         // [band][flood?] asked and admitted tokens.
         let mut asked = [[0.0f64; 2]; 3];
-        let mut asked_contended = [[0.0f64; 2]; 3];
+        let mut flood_owed = 0.0f64;
         let mut admitted = [[0.0f64; 2]; 3];
         let mut counts = [0usize; 5]; // shed, other, late, lost, good
         let mut answered = 0usize;
@@ -252,9 +271,7 @@ impl Run {
             };
             let t = usize::from(r.flood);
             asked[r.band][t] += r.tokens;
-            if r.contended {
-                asked_contended[r.band][t] += r.tokens;
-            }
+            flood_owed += r.flood_owed;
             if r.answered {
                 admitted[r.band][t] += r.tokens;
                 answered += 1;
@@ -274,22 +291,19 @@ impl Run {
         }
         let total: f64 = admitted.iter().flatten().sum();
         let share = (total > 0.0).then(|| admitted.iter().map(|b| b[1]).sum::<f64>() / total);
-        let fair_of = |asked: &[[f64; 2]; 3]| {
-            (total > 0.0).then(|| {
-                (0..3)
-                    .map(|b| max_min(admitted[b][0] + admitted[b][1], asked[b])[1])
-                    .sum::<f64>()
-                    / total
-            })
-        };
+        let fair = (total > 0.0).then(|| {
+            (0..3)
+                .map(|b| max_min(admitted[b][0] + admitted[b][1], asked[b])[1])
+                .sum::<f64>()
+                / total
+        });
         let over = |fair: Option<f64>| {
             share
                 .zip(fair)
                 .filter(|(_, f)| *f > 0.0)
                 .map(|(s, f)| s / f)
         };
-        let fair = fair_of(&asked);
-        let fair_contended = fair_of(&asked_contended).filter(|_| self.contention_known);
+        let fair_waiting = (total > 0.0 && self.dispatches_known).then(|| flood_owed / total);
         [
             super::stats::percentile(&crit, 0.9),
             share,
@@ -302,8 +316,8 @@ impl Run {
             Some(counts[4] as f64 / self.window_s),
             Some(answered as f64),
             super::stats::percentile(&shed_ttft, 0.9),
-            fair_contended,
-            over(fair_contended),
+            fair_waiting,
+            over(fair_waiting),
         ]
     }
 }
@@ -534,10 +548,7 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
             totals: None,
         });
     }
-    for (fair, over) in [
-        (FAIR, SHARE_OVER_FAIR),
-        (FAIR_CONTENDED, SHARE_OVER_CONTENDED),
-    ] {
+    for (fair, over) in [(FAIR, SHARE_OVER_FAIR), (FAIR_WAITING, SHARE_OVER_WAITING)] {
         if fair != FAIR {
             rows.push(FlowRow {
                 figure: FIGURES[fair].into(),
@@ -805,65 +816,59 @@ mod tests {
     }
 
     #[test]
-    fn contended_demand_is_what_waited_while_its_band_was_served() {
-        let d = [1000.0, 2000.0];
-        assert!(contended(&d, 900.0, 500.0), "dispatched while it waited");
-        assert!(contended(&d, 1000.0, 0.0), "at the moment it was sent");
-        assert!(
-            !contended(&d, 1100.0, 500.0),
-            "nothing of its band went out meanwhile"
-        );
-        assert!(!contended(&d, 2100.0, 5000.0), "nothing after it");
-        assert!(!contended(&[], 0.0, 5000.0));
+    fn a_dispatch_is_owed_equally_to_the_tenants_waiting_then() {
+        // (band, flood?, from, until)
+        let waits = [
+            (1, false, 0.0, 200.0),
+            (1, true, 150.0, 300.0),
+            (0, false, 0.0, 900.0),
+        ];
+        // Light waits at 100: a flood request dispatched then owes the flood half.
+        assert_eq!(owed_at_dispatch(&waits, 1, 100.0, true, 80.0), 40.0);
+        // A light request dispatched at 170, the flood waiting: half to the flood.
+        assert_eq!(owed_at_dispatch(&waits, 1, 170.0, false, 80.0), 40.0);
+        // At 250 light no longer waits (until is exclusive at 200): all to the flood.
+        assert_eq!(owed_at_dispatch(&waits, 1, 250.0, true, 80.0), 80.0);
+        // Light dispatched alone, or a wait in another band: nothing to the flood.
+        assert_eq!(owed_at_dispatch(&waits, 1, 50.0, false, 80.0), 0.0);
+        assert_eq!(owed_at_dispatch(&waits, 0, 250.0, false, 80.0), 0.0);
     }
 
-    /// A light tenant's sheddable request expires while a critical burst takes every slot (no
-    /// sheddable request goes out for its whole wait); later the flood's sheddable requests are
-    /// served, and a light one refused while they were is demand the split owed. Over all demand
-    /// the flood is over its share; over contended demand it is exactly at it.
+    /// A light sheddable request expires while critical requests take every slot (nothing
+    /// sheddable is dispatched while it waits); afterwards the flood's sheddable requests are
+    /// served alone. Over the whole run's demand the flood is over its max-min share; per
+    /// dispatch, among the tenants waiting, it got exactly its share.
     #[test]
-    fn demand_refused_while_its_band_got_no_room_is_not_owed() {
-        let bound = 5000.0;
-        let mut reqs: Vec<(&str, &str, u16, f64)> = Vec::new();
-        for id in 0..82 {
-            reqs.push(match id {
-                // Refused at 500 ms; nothing sheddable dispatched until 6000 ms.
-                5 => ("sheddable", "steady", 429, 0.0),
-                // Refused at 7000 ms while the flood's sheddable requests are dispatched.
-                70 => ("sheddable", "steady", 429, 0.0),
-                81 => ("sheddable", "steady", 200, 100.0),
-                60..=80 => ("sheddable", "flood", 200, 100.0),
-                _ => (
-                    "critical",
-                    if id % 2 == 0 { "flood" } else { "steady" },
-                    200,
-                    100.0,
-                ),
-            });
-        }
+    fn whole_run_max_min_and_the_per_dispatch_share_differ_when_priority_took_the_slots() {
+        // 100 ms apart: answered ones are dispatched 1 ms after they are sent, refusals end
+        // 200 ms after (the fixture's).
+        let reqs = [
+            ("sheddable", "steady", 429, 0.0),
+            ("critical", "flood", 200, 50.0),
+            ("critical", "steady", 200, 50.0),
+            ("sheddable", "flood", 200, 50.0),
+            ("sheddable", "flood", 200, 50.0),
+        ];
         let result = run("flow-on", "overload", 1, &reqs);
-        let r = Run::of(&result, &FlowAnalysisSpec::default(), 1000.0, bound).unwrap();
-        assert!(r.contention_known);
-        assert!(!r.reqs[5].contended && r.reqs[70].contended && r.reqs[81].contended);
+        let r = Run::of(&result, &FlowAnalysisSpec::default(), 1000.0, 5000.0).unwrap();
+        assert!(r.dispatches_known);
         let f = r.figures(&mut (0..r.reqs.len()));
-        // Sheddable: flood admitted 20 x 100 tokens, light 100; light asked 300 in all, 200
-        // contended. Critical: every request answered, so its fair split is what each asked.
-        let critical_flood = (0..60).filter(|&i| i != 5 && i % 2 == 0).count() as f64 * 100.0;
-        let total = 59.0 * 100.0 + 2000.0 + 100.0;
-        let share = (critical_flood + 2000.0) / total;
-        assert!((f[SHARE].unwrap() - share).abs() < 1e-9);
-        let fair_all = (critical_flood + 2100.0 - 300.0) / total;
-        let fair_contended = (critical_flood + 2100.0 - 200.0) / total;
-        assert!((f[FAIR].unwrap() - fair_all).abs() < 1e-9);
-        assert!((f[FAIR_CONTENDED].unwrap() - fair_contended).abs() < 1e-9);
-        assert!(f[SHARE_OVER_FAIR].unwrap() > 1.0);
-        assert!((f[SHARE_OVER_CONTENDED].unwrap() - share / fair_contended).abs() < 1e-9);
-        // Records without the headers' time cannot say what was contended: no figure.
+        // Admitted 400 tokens, 300 the flood's. Whole run: critical [100, 100]; sheddable 200
+        // admitted against light 100 and flood 200 asked: [100, 100]. The flood's fair share is
+        // 200 of 400.
+        assert_eq!(f[SHARE], Some(0.75));
+        assert_eq!(f[FAIR], Some(0.5));
+        assert_eq!(f[SHARE_OVER_FAIR], Some(1.5));
+        // Per dispatch: nobody else waited at any of the flood's dispatches (the light
+        // sheddable request waited 0-200, before them), so it is owed all of its 300.
+        assert_eq!(f[FAIR_WAITING], Some(0.75));
+        assert_eq!(f[SHARE_OVER_WAITING], Some(1.0));
+        // Records without the headers' time cannot say who waited at a dispatch: no figure.
         let mut old = result.clone();
         old.records.iter_mut().for_each(|r| r.headers_ms = None);
-        let r = Run::of(&old, &FlowAnalysisSpec::default(), 1000.0, bound).unwrap();
+        let r = Run::of(&old, &FlowAnalysisSpec::default(), 1000.0, 5000.0).unwrap();
         let f = r.figures(&mut (0..r.reqs.len()));
-        assert_eq!((f[FAIR_CONTENDED], f[SHARE_OVER_CONTENDED]), (None, None));
+        assert_eq!((f[FAIR_WAITING], f[SHARE_OVER_WAITING]), (None, None));
         assert!(f[FAIR].is_some());
     }
 

@@ -160,9 +160,10 @@ fn flow_one(o: &mut String, a: &crate::plan::FlowAnalysisSpec, f: &crate::flow::
          it, NOT met when wholly outside, else a tie. Counts are per run over the window; the \
          queue's bound is {:.0} ms (simulated), refusals count as late past it plus {:.0} ms. \
          The flooding tenant is `{}`; its fair share is max-min per priority band of the tokens \
-         admitted in that band, split by all demand (every request sent) and by contended \
-         demand (requests answered, or refused while another of their band was dispatched: \
-         demand some order within the band could have met; see `crates/kvbench/src/flow.rs`).\n",
+         admitted in that band, split by what each asked over the run; a second fair share owes \
+         each dispatched request's tokens in equal parts to the tenants with a request of its \
+         band waiting at that moment (fair queueing's promise; see \
+         `crates/kvbench/src/flow.rs`).\n",
         f.on,
         a.off,
         a.overload,
