@@ -1,8 +1,10 @@
 //! Live-signal costs on the scrape path: parsing an engine's `/metrics` exposition (the real
 //! vLLM 0.32 capture, ~53 KB, and the simulator's, ~8.5 KB) into an engine sample, and the
-//! health bookkeeping of one scrape result.
+//! health bookkeeping of one scrape result. Also what every new ext_proc stream reads of the
+//! config (the long-body rate), next to the standard library's core count it once re-read per
+//! call.
 //!
-//! `cargo bench --bench signals`
+//! `cargo bench --bench signals -- --noplot` (criterion's plots need a font this host lacks)
 
 use std::hint::black_box;
 
@@ -44,5 +46,15 @@ fn exposition(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, exposition);
+fn per_stream(c: &mut Criterion) {
+    let routing = kvrouter::config::RoutingConfig::default();
+    c.bench_function("long-body rate of a new stream (default config)", |b| {
+        b.iter(|| black_box(&routing).heavy_rate())
+    });
+    c.bench_function("std available_parallelism (uncached)", |b| {
+        b.iter(std::thread::available_parallelism)
+    });
+}
+
+criterion_group!(benches, exposition, per_stream);
 criterion_main!(benches);

@@ -273,10 +273,8 @@ impl RoutingConfig {
     /// Bytes per second of long bodies read (`heavy_body_bytes_per_s`, else 8 MiB/s per core
     /// this process may use); 0 is no limit.
     pub fn heavy_rate(&self) -> u64 {
-        self.heavy_body_bytes_per_s.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-            cores * (8 << 20)
-        })
+        self.heavy_body_bytes_per_s
+            .unwrap_or_else(|| crate::budget::cores() as u64 * (8 << 20))
     }
 
     /// The body-shape limits to parse requests with (`max_messages`, `max_content_parts`).

@@ -144,7 +144,7 @@ impl HeavyQueue {
 fn lanes() -> &'static Lanes {
     static LANES: OnceLock<Lanes> = OnceLock::new();
     LANES.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let cores = crate::budget::cores();
         Lanes {
             light: Semaphore::new(cores * 2),
             heavy: heavy_threads((cores / 2).max(1)),

@@ -87,7 +87,7 @@ async fn a_stream_waiting_for_the_heavy_lane_does_not_close_its_connection_to_ot
 
     // The heavy lane is busy (as under a flood): every heavy thread waits until released, and
     // the A streams' chunks queue behind. At least one holder must be running before A starts.
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cores = crate::budget::cores();
     let (started_tx, started) = std::sync::mpsc::channel::<()>();
     let (releases, holders): (Vec<_>, Vec<_>) = (0..cores)
         .map(|_| {
