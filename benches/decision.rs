@@ -2,7 +2,9 @@
 //! case for the index lookup and the policy: every candidate matches every block), at 8, 64 and
 //! 256 endpoints: body parsed, identity hashed (no tokenizer: tokenization is measured by
 //! `benches/prefix.rs`), candidates looked up and scored by `predicted-ttft`, the decision
-//! committed and its ticket dropped. Timed one by one, so the tail is real: prints p50 / p99 /
+//! committed and its ticket dropped. Every endpoint's engine is scraped (a sample stored, as the
+//! scraper does, untimed) before the first decision and every 100 after, so each candidate's
+//! engine signal is fresh and read, as in a fleet where scraping is on. Timed one by one, so the tail is real: prints p50 / p99 /
 //! p99.9 per round and the median of the rounds.
 //!
 //! Not criterion: the question is a tail percentile, which needs every sample.
@@ -23,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvrouter::config::Config;
+use kvrouter::load::EngineSample;
 use kvrouter::request::{self, ApiKind};
 use kvrouter::router::{RouteContext, Router};
 use kvrouter::telemetry::Metrics;
@@ -63,7 +66,28 @@ fn body(i: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-fn decide(router: &Router, body: &[u8], subset: Option<&[SocketAddr]>) -> (Duration, u32) {
+/// Stores a fresh engine sample for every endpoint, as a scrape round would.
+fn scrape_all(router: &Router, round: u64) {
+    let now = tokio::time::Instant::now();
+    for (i, ep) in router.handles().admin.endpoints().all().iter().enumerate() {
+        let i = i as u64 + round;
+        ep.load.engine.store(EngineSample {
+            waiting_requests: i % 4,
+            running_requests: 2 + i % 8,
+            kv_cache_usage: 0.25 + (i % 50) as f64 / 100.0,
+            capacity_tokens: None,
+            block_size_tokens: None,
+            lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
+            scraped_at: now,
+        });
+    }
+}
+
+/// One decision: its time, the fewest blocks any candidate matched and how many candidates'
+/// engine signals were fresh.
+fn decide(router: &Router, body: &[u8], subset: Option<&[SocketAddr]>) -> (Duration, u32, usize) {
     let started = Instant::now();
     let parsed = request::parse(ApiKind::ChatCompletions, body).expect("valid body");
     let ctx = RouteContext {
@@ -81,8 +105,14 @@ fn decide(router: &Router, body: &[u8], subset: Option<&[SocketAddr]>) -> (Durat
         .map(|m| m.blocks)
         .min()
         .unwrap_or(0);
+    let fresh = decision
+        .plan
+        .signals
+        .iter()
+        .filter(|s| s.engine == "fresh")
+        .count();
     black_box(decision);
-    (took, least_matched)
+    (took, least_matched, fresh)
 }
 
 /// Pure CPU work, `iters` rounds of a multiply-add chain.
@@ -159,20 +189,30 @@ fn main() {
                 Some(std::slice::from_ref(addr)),
             );
         }
-        let (_, least) = decide(&router, &bodies[0], None);
+        scrape_all(&router, 0);
+        let (_, least, fresh) = decide(&router, &bodies[0], None);
         assert!(
             least > 0,
             "every candidate should hold the system prompt's blocks"
         );
+        assert_eq!(
+            fresh, endpoints,
+            "every candidate's engine signal should be fresh"
+        );
         let (mut p50s, mut p99s, mut floor_p99s) = (vec![], vec![], vec![]);
         for r in 0..rounds {
+            let mut stale = 0;
             let mut ns: Vec<u64> = (0..decisions)
                 .map(|i| {
-                    decide(&router, &bodies[i % bodies.len()], None)
-                        .0
-                        .as_nanos() as u64
+                    if i % 100 == 0 {
+                        scrape_all(&router, (r * decisions + i) as u64);
+                    }
+                    let (took, _, fresh) = decide(&router, &bodies[i % bodies.len()], None);
+                    stale += endpoints - fresh;
+                    took.as_nanos() as u64
                 })
                 .collect();
+            assert_eq!(stale, 0, "some engine signals went stale within a round");
             ns.sort_unstable();
             let floor = host_floor(q(&ns, 0.5), decisions);
             println!(

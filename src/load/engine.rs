@@ -2,10 +2,16 @@
 //! still fresh enough to trust.
 //!
 //! The scraper stores a whole [`EngineSample`] at once (one atomic pointer swap), so a reader
-//! never sees the queue of one scrape with the KV usage of another. Timestamps are
-//! `tokio::time::Instant`s, so staleness follows paused time in tests.
+//! never sees the queue of one scrape with the KV usage of another. Beside it sits the sample's
+//! [`SampleBrief`], the four numbers every decision reads of every candidate, behind a sequence
+//! lock: a reader takes two loads of a counter and four of plain words, writes nothing shared and
+//! retries only while a store is under way, where borrowing the `Arc` cost a thread-local debt
+//! slot and a locked compare-and-swap per candidate. Its time is a [`Stamp`] (nanoseconds from a
+//! process-wide origin), so a candidate's age is one subtraction from the decision's stamp. Timestamps are `tokio::time::Instant`s, so
+//! staleness follows paused time in tests.
 
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -64,16 +70,12 @@ pub enum EngineSignal {
 }
 
 impl EngineSignal {
-    /// `fresh`, `stale` or `missing` for a sample scraped at `scraped_at` (None: never), as of
-    /// `now`, without building the signal.
-    pub fn state_of(
-        scraped_at: Option<Instant>,
-        now: Instant,
-        staleness: Duration,
-    ) -> &'static str {
-        match scraped_at {
+    /// `fresh`, `stale` or `missing` for a sample `age` old (None: never scraped), without
+    /// building the signal.
+    pub fn state_of(age: Option<Duration>, staleness: Duration) -> &'static str {
+        match age {
             None => "missing",
-            Some(at) if fresh_at(at, now, staleness) => "fresh",
+            Some(age) if age <= staleness => "fresh",
             Some(_) => "stale",
         }
     }
@@ -96,15 +98,112 @@ impl EngineSignal {
     }
 }
 
+/// What a decision reads of an endpoint's last sample, as of some instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleBrief {
+    /// [`EngineSample::waiting_requests`].
+    pub waiting_requests: u64,
+    /// [`EngineSample::running_requests`].
+    pub running_requests: u64,
+    /// [`EngineSample::kv_cache_usage`].
+    pub kv_cache_usage: f64,
+    /// Time since [`EngineSample::scraped_at`] (zero for a sample from the future).
+    pub age: Duration,
+}
+
+/// The last sample's brief behind a sequence lock. `seq` is 0 until the first store, odd while a
+/// store is under way and even otherwise; stores are serialised by [`EngineState::store`].
+#[derive(Debug, Default)]
+struct Brief {
+    seq: AtomicU64,
+    waiting: AtomicU64,
+    running: AtomicU64,
+    kv_usage_bits: AtomicU64,
+    /// The sample's `scraped_at` as a [`Stamp`].
+    at_ns: AtomicI64,
+}
+
+impl Brief {
+    /// Writes `s`. The caller holds the writer lock.
+    fn write(&self, s: &EngineSample) {
+        let at_ns = Stamp::of(s.scraped_at).0;
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq + 1, Ordering::Relaxed);
+        // No data store may be seen before the odd count.
+        fence(Ordering::Release);
+        self.waiting.store(s.waiting_requests, Ordering::Relaxed);
+        self.running.store(s.running_requests, Ordering::Relaxed);
+        self.kv_usage_bits
+            .store(s.kv_cache_usage.to_bits(), Ordering::Relaxed);
+        self.at_ns.store(at_ns, Ordering::Relaxed);
+        self.seq.store(seq + 2, Ordering::Release);
+    }
+
+    /// The last written brief, whole, as of `now`, or None before the first store.
+    fn read(&self, now: Stamp) -> Option<SampleBrief> {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before == 0 {
+                return None;
+            }
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let waiting = self.waiting.load(Ordering::Relaxed);
+            let running = self.running.load(Ordering::Relaxed);
+            let kv_usage_bits = self.kv_usage_bits.load(Ordering::Relaxed);
+            let at_ns = self.at_ns.load(Ordering::Relaxed);
+            // The data loads above may not be seen after the re-read of the count.
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            // The age in integer nanoseconds: no `Instant` arithmetic per candidate.
+            let age_ns = u64::try_from(now.0.saturating_sub(at_ns)).unwrap_or(0);
+            return Some(SampleBrief {
+                waiting_requests: waiting,
+                running_requests: running,
+                kv_cache_usage: f64::from_bits(kv_usage_bits),
+                age: Duration::from_nanos(age_ns),
+            });
+        }
+    }
+}
+
+/// An instant as signed nanoseconds from a fixed origin of the process (saturating at ±292
+/// years): what [`EngineState::brief_at`] takes, so a decision converts its `now` once and
+/// reads every candidate's age with one subtraction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp(i64);
+
+impl Stamp {
+    /// `at` as a stamp.
+    pub fn of(at: Instant) -> Stamp {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        let origin = *ORIGIN.get_or_init(Instant::now);
+        Stamp(if at >= origin {
+            i64::try_from(at.duration_since(origin).as_nanos()).unwrap_or(i64::MAX)
+        } else {
+            i64::try_from(origin.duration_since(at).as_nanos()).map_or(i64::MIN, |n| -n)
+        })
+    }
+}
+
 /// The last engine sample of one endpoint.
 #[derive(Debug, Default)]
 pub struct EngineState {
     last: ArcSwapOption<EngineSample>,
+    brief: Brief,
+    /// Serialises stores, so the sample and its brief are replaced together.
+    writer: parking_lot::Mutex<()>,
 }
 
 impl EngineState {
     /// Replaces the sample; returns the previous one.
     pub fn store(&self, sample: EngineSample) -> Option<Arc<EngineSample>> {
+        let _writer = self.writer.lock();
+        self.brief.write(&sample);
         self.last.swap(Some(Arc::new(sample)))
     }
 
@@ -113,10 +212,15 @@ impl EngineState {
         self.last.load_full()
     }
 
-    /// The last sample, borrowed without touching its reference count (a decision reads every
-    /// candidate's; hold the guard briefly).
-    pub fn peek(&self) -> arc_swap::Guard<Option<Arc<EngineSample>>> {
-        self.last.load()
+    /// The brief of the last sample as of `now`, however old: what a decision reads of every
+    /// candidate, without touching the sample's reference count or writing anything shared.
+    pub fn brief(&self, now: Instant) -> Option<SampleBrief> {
+        self.brief.read(Stamp::of(now))
+    }
+
+    /// [`EngineState::brief`] as of a [`Stamp`] taken once for many reads.
+    pub fn brief_at(&self, now: Stamp) -> Option<SampleBrief> {
+        self.brief.read(now)
     }
 
     /// The signal as of `now`: fresh if scraped at most `staleness` ago.
@@ -181,28 +285,20 @@ mod tests {
                 age: Duration::from_millis(2001)
             }
         );
-        // The decision's borrowed read says the same as the signal, at every point.
-        let at = Some(Instant::now() - Duration::from_millis(2001));
+        // The decision's brief says the same as the signal, at every point.
+        let age = Some(Duration::from_millis(2001));
+        assert_eq!(EngineSignal::state_of(age, threshold), "stale");
+        let age = state.brief(Instant::now()).map(|s| s.age);
+        assert_eq!(age, Some(Duration::from_millis(2001)));
         assert_eq!(
-            EngineSignal::state_of(at, Instant::now(), threshold),
-            "stale"
-        );
-        let at = state.peek().as_deref().map(|s| s.scraped_at);
-        assert_eq!(
-            EngineSignal::state_of(at, Instant::now(), threshold),
+            EngineSignal::state_of(age, threshold),
             state.signal(Instant::now(), threshold).as_str()
         );
-        assert_eq!(
-            EngineSignal::state_of(None, Instant::now(), threshold),
-            "missing"
-        );
+        assert_eq!(EngineSignal::state_of(None, threshold), "missing");
         // A new scrape makes it fresh again.
         state.store(sample(7, Instant::now()));
-        let at = state.peek().as_deref().map(|s| s.scraped_at);
-        assert_eq!(
-            EngineSignal::state_of(at, Instant::now(), threshold),
-            "fresh"
-        );
+        let age = state.brief(Instant::now()).map(|s| s.age);
+        assert_eq!(EngineSignal::state_of(age, threshold), "fresh");
         assert_eq!(
             state
                 .signal(Instant::now(), threshold)
@@ -210,5 +306,92 @@ mod tests {
                 .map(|s| s.waiting_requests),
             Some(7)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_brief_is_the_last_sample_even_one_older_than_the_first() {
+        let state = EngineState::default();
+        assert_eq!(state.brief(Instant::now()), None);
+        let first = Instant::now();
+        state.store(sample(3, first));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let later = Instant::now();
+        state.store(EngineSample {
+            kv_cache_usage: 0.25,
+            running_requests: 9,
+            ..sample(4, later)
+        });
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let brief = state.brief(Instant::now()).expect("stored");
+        assert_eq!(
+            brief,
+            SampleBrief {
+                waiting_requests: 4,
+                running_requests: 9,
+                kv_cache_usage: 0.25,
+                age: Duration::from_millis(5),
+            }
+        );
+        // A scrape that completed before the first one stored (out of order) keeps its time.
+        let earlier = first - Duration::from_millis(7);
+        state.store(sample(5, earlier));
+        let brief = state.brief(Instant::now()).expect("stored");
+        assert_eq!(
+            (brief.waiting_requests, brief.age),
+            (5, Duration::from_millis(22))
+        );
+        assert_eq!(state.last().map(|s| s.scraped_at), Some(earlier));
+        // Seen from before its scrape (a clock read before the store), a sample is 0 old.
+        assert_eq!(state.brief(earlier).map(|b| b.age), Some(Duration::ZERO));
+        assert_eq!(
+            state.brief(first - Duration::from_millis(9)).map(|b| b.age),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn a_brief_read_during_writes_is_never_torn() {
+        // Every stored sample's fields all derive from one number; a reader that mixed two
+        // stores would see them disagree.
+        let state = Arc::new(EngineState::default());
+        let base = Instant::now();
+        let of = move |n: u64| EngineSample {
+            waiting_requests: n,
+            running_requests: n.wrapping_mul(3),
+            kv_cache_usage: n as f64 / 1e6,
+            ..sample(n, base + Duration::from_micros(n))
+        };
+        state.store(of(0));
+        const STORES: u64 = 200_000;
+        let writer = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                for n in 1..=STORES {
+                    state.store(of(n));
+                }
+            })
+        };
+        let mut reads = 0u64;
+        let mut last_seen = 0;
+        let now = base + Duration::from_secs(1);
+        loop {
+            let b = state.brief(now).expect("stored");
+            let n = b.waiting_requests;
+            assert_eq!(b.running_requests, n.wrapping_mul(3), "torn read at {n}");
+            assert_eq!(b.kv_cache_usage, n as f64 / 1e6, "torn read at {n}");
+            assert_eq!(
+                b.age,
+                Duration::from_secs(1) - Duration::from_micros(n),
+                "torn read at {n}"
+            );
+            assert!(n >= last_seen, "went back from {last_seen} to {n}");
+            last_seen = n;
+            reads += 1;
+            if n == STORES {
+                break;
+            }
+        }
+        writer.join().unwrap();
+        assert!(reads > 0);
     }
 }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use engine::{EngineSample, EngineSignal, EngineState, LoraInfo};
+pub use engine::{EngineSample, EngineSignal, EngineState, LoraInfo, SampleBrief, Stamp};
 pub use learned::{ForDecision, Learned, LearnedSnapshot, TtftContext};
 
 /// Live load state of one endpoint. Shared by every endpoint-set snapshot that contains the

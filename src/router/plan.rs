@@ -18,7 +18,7 @@ use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
-use crate::load::{EngineSignal, LoadSnapshot};
+use crate::load::{EngineSignal, LoadSnapshot, Stamp};
 use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
@@ -131,16 +131,15 @@ pub(super) struct EngineView {
     pub(super) age_ms: Option<u64>,
 }
 
-/// `ep`'s engine under `config` at `now`, from one borrowed read of its last sample (this runs
-/// for every candidate of every decision: no reference count is touched).
-pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: tokio::time::Instant) -> EngineView {
+/// `ep`'s engine under `config` at `now` (a decision takes its [`Stamp`] once), from one read
+/// of its last sample's brief (this runs for every candidate of every decision: nothing shared
+/// is written).
+pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: Stamp) -> EngineView {
     let scrape = &config.load.scrape;
     let scraped = scrape.enabled && ep.engine != EngineKind::Other;
-    let last = ep.load.engine.peek();
-    let last = last.as_deref();
-    let scraped_at = last.map(|s| s.scraped_at);
-    let signal =
-        EngineSignal::state_of(scraped_at, now, Duration::from_millis(scrape.staleness_ms));
+    let last = ep.load.engine.brief_at(now);
+    let age = last.map(|s| s.age);
+    let signal = EngineSignal::state_of(age, Duration::from_millis(scrape.staleness_ms));
     let load = last
         .filter(|_| scraped && signal == "fresh")
         .map(|s| EngineLoad {
@@ -152,7 +151,8 @@ pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: tokio::time::Inst
         scraped,
         signal,
         load,
-        age_ms: scraped_at.map(|at| now.saturating_duration_since(at).as_millis() as u64),
+        // Whole ms in u64 arithmetic (`as_millis` divides a u128).
+        age_ms: age.map(|a| a.as_secs() * 1000 + u64::from(a.subsec_millis())),
     }
 }
 
@@ -192,7 +192,7 @@ pub(super) fn load_view(
         held_tokens: 0,
         offloaded: Default::default(),
         prefill_tokens_per_s: prefill_speed(ep, config, learned.prefill_tokens_per_s).0,
-        engine: engine_view(ep, config, now).load,
+        engine: engine_view(ep, config, Stamp::of(now)).load,
         ttft_residual_ms: learned.ttft_residual_ms,
     }
 }
@@ -253,6 +253,7 @@ pub(crate) fn plan(
         .collect();
     let in_subset = super::confine::confine(state, in_subset, requested, ctx)?;
     let now = tokio::time::Instant::now();
+    let stamp = Stamp::of(now);
     let health = &config.health;
     let mut eligible: Vec<&Arc<Endpoint>> = Vec::with_capacity(in_subset.len());
     let mut trial: Vec<bool> = Vec::with_capacity(in_subset.len());
@@ -341,7 +342,7 @@ pub(crate) fn plan(
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
         // One load of the engine sample, one lock of what was learned: this runs for every
         // candidate.
-        let engine = engine_view(ep, config, now);
+        let engine = engine_view(ep, config, stamp);
         let learned = ep.load.learned.for_decision(learning, now);
         let (speed, speed_source) = prefill_speed(ep, config, learned.prefill_tokens_per_s);
         let (cache_source, cache_reason) = match events {

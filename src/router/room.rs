@@ -102,7 +102,7 @@ fn free(
     {
         return (0, 0);
     }
-    let engine = engine_view(ep, config, now).load;
+    let engine = engine_view(ep, config, crate::load::Stamp::of(now)).load;
     // Without a fresh engine sample the router's own count of requests without a first byte
     // stands in for the engine's queue.
     let waiting = engine.map_or(load.in_flight_prefilling, |s| s.waiting_requests);
