@@ -122,6 +122,11 @@ impl Ewma {
         self.samples
     }
 
+    /// When the average was last brought up to date in time ([`Self::add_at`]); None if never.
+    pub fn updated_at(&self) -> Option<Instant> {
+        self.value.at
+    }
+
     /// The average once at least `min_samples` samples were added.
     pub fn trusted(&self, min_samples: u32) -> Option<f64> {
         self.trusted_at(min_samples, None)

@@ -4,18 +4,19 @@
 //! The scraper stores a whole [`EngineSample`] at once (one atomic pointer swap), so a reader
 //! never sees the queue of one scrape with the KV usage of another. Beside it sits the sample's
 //! [`SampleBrief`], the four numbers every decision reads of every candidate, behind a sequence
-//! lock: a reader takes two loads of a counter and four of plain words, writes nothing shared and
-//! retries only while a store is under way, where borrowing the `Arc` cost a thread-local debt
-//! slot and a locked compare-and-swap per candidate. Its time is a [`Stamp`] (nanoseconds from a
-//! process-wide origin), so a candidate's age is one subtraction from the decision's stamp. Timestamps are `tokio::time::Instant`s, so
-//! staleness follows paused time in tests.
+//! lock ([`SeqWords`]): a reader writes nothing shared, where borrowing the `Arc` cost a
+//! thread-local debt slot and a locked compare-and-swap per candidate. Its time is a [`Stamp`]
+//! (nanoseconds from a process-wide origin), so a candidate's age is one subtraction from the
+//! decision's stamp. Timestamps are `tokio::time::Instant`s, so staleness follows paused time in
+//! tests.
 
-use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use tokio::time::Instant;
+
+use super::seqlock::SeqWords;
 
 /// LoRA adapters the engine reports (`vllm:lora_requests_info`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -111,63 +112,26 @@ pub struct SampleBrief {
     pub age: Duration,
 }
 
-/// The last sample's brief behind a sequence lock. `seq` is 0 until the first store, odd while a
-/// store is under way and even otherwise; stores are serialised by [`EngineState::store`].
-#[derive(Debug, Default)]
-struct Brief {
-    seq: AtomicU64,
-    waiting: AtomicU64,
-    running: AtomicU64,
-    kv_usage_bits: AtomicU64,
-    /// The sample's `scraped_at` as a [`Stamp`].
-    at_ns: AtomicI64,
+/// The words of a [`SampleBrief`]: waiting, running, KV usage's bits, `scraped_at`'s [`Stamp`].
+type Brief = SeqWords<4>;
+
+/// The brief's words for `s`.
+fn brief_words(s: &EngineSample) -> [u64; 4] {
+    [
+        s.waiting_requests,
+        s.running_requests,
+        s.kv_cache_usage.to_bits(),
+        Stamp::of(s.scraped_at).0 as u64,
+    ]
 }
 
-impl Brief {
-    /// Writes `s`. The caller holds the writer lock.
-    fn write(&self, s: &EngineSample) {
-        let at_ns = Stamp::of(s.scraped_at).0;
-        let seq = self.seq.load(Ordering::Relaxed);
-        self.seq.store(seq + 1, Ordering::Relaxed);
-        // No data store may be seen before the odd count.
-        fence(Ordering::Release);
-        self.waiting.store(s.waiting_requests, Ordering::Relaxed);
-        self.running.store(s.running_requests, Ordering::Relaxed);
-        self.kv_usage_bits
-            .store(s.kv_cache_usage.to_bits(), Ordering::Relaxed);
-        self.at_ns.store(at_ns, Ordering::Relaxed);
-        self.seq.store(seq + 2, Ordering::Release);
-    }
-
-    /// The last written brief, whole, as of `now`, or None before the first store.
-    fn read(&self, now: Stamp) -> Option<SampleBrief> {
-        loop {
-            let before = self.seq.load(Ordering::Acquire);
-            if before == 0 {
-                return None;
-            }
-            if before & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let waiting = self.waiting.load(Ordering::Relaxed);
-            let running = self.running.load(Ordering::Relaxed);
-            let kv_usage_bits = self.kv_usage_bits.load(Ordering::Relaxed);
-            let at_ns = self.at_ns.load(Ordering::Relaxed);
-            // The data loads above may not be seen after the re-read of the count.
-            fence(Ordering::Acquire);
-            if self.seq.load(Ordering::Relaxed) != before {
-                continue;
-            }
-            // The age in integer nanoseconds: no `Instant` arithmetic per candidate.
-            let age_ns = u64::try_from(now.0.saturating_sub(at_ns)).unwrap_or(0);
-            return Some(SampleBrief {
-                waiting_requests: waiting,
-                running_requests: running,
-                kv_cache_usage: f64::from_bits(kv_usage_bits),
-                age: Duration::from_nanos(age_ns),
-            });
-        }
+/// The brief of `words` as of `now`.
+fn brief_of([waiting, running, kv_usage_bits, at]: [u64; 4], now: Stamp) -> SampleBrief {
+    SampleBrief {
+        waiting_requests: waiting,
+        running_requests: running,
+        kv_cache_usage: f64::from_bits(kv_usage_bits),
+        age: now.since(Stamp(at as i64)),
     }
 }
 
@@ -188,6 +152,21 @@ impl Stamp {
             i64::try_from(origin.duration_since(at).as_nanos()).map_or(i64::MIN, |n| -n)
         })
     }
+
+    /// The nanoseconds from the origin (for storing in a word).
+    pub fn raw(self) -> i64 {
+        self.0
+    }
+
+    /// The stamp of [`Self::raw`]'s value.
+    pub fn from_raw(ns: i64) -> Stamp {
+        Stamp(ns)
+    }
+
+    /// Time from `earlier` to this stamp, zero if `earlier` is later: an integer subtraction.
+    pub fn since(self, earlier: Stamp) -> Duration {
+        Duration::from_nanos(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
 }
 
 /// The last engine sample of one endpoint.
@@ -203,7 +182,7 @@ impl EngineState {
     /// Replaces the sample; returns the previous one.
     pub fn store(&self, sample: EngineSample) -> Option<Arc<EngineSample>> {
         let _writer = self.writer.lock();
-        self.brief.write(&sample);
+        self.brief.write(brief_words(&sample));
         self.last.swap(Some(Arc::new(sample)))
     }
 
@@ -215,12 +194,12 @@ impl EngineState {
     /// The brief of the last sample as of `now`, however old: what a decision reads of every
     /// candidate, without touching the sample's reference count or writing anything shared.
     pub fn brief(&self, now: Instant) -> Option<SampleBrief> {
-        self.brief.read(Stamp::of(now))
+        self.brief_at(Stamp::of(now))
     }
 
     /// [`EngineState::brief`] as of a [`Stamp`] taken once for many reads.
     pub fn brief_at(&self, now: Stamp) -> Option<SampleBrief> {
-        self.brief.read(now)
+        self.brief.read().map(|words| brief_of(words, now))
     }
 
     /// The signal as of `now`: fresh if scraped at most `staleness` ago.

@@ -57,6 +57,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::decay::{Decay, Ewma};
+use super::engine::Stamp;
+use super::seqlock::SeqWords;
 use crate::config::LearningConfig;
 
 /// What the router predicted for a request when it decided, kept until its first byte.
@@ -116,15 +118,97 @@ struct State {
     cpu_load: Ewma,
 }
 
-impl State {
+/// What [`State`] holds, as plain numbers: what the getters read under the lock, and what a
+/// decision reads without it, published to a [`SeqWords`] on every change.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Learnt {
+    speed_work: f64,
+    speed_secs: f64,
+    speed_samples: u64,
+    residual: f64,
+    residual_samples: u64,
+    /// When the residual was last decayed to; None before its first sample.
+    residual_at: Option<Stamp>,
+    cpu_load: f64,
+    cpu_load_samples: u64,
+}
+
+/// `residual_at`'s word when there is none (a stamp 292 years before the process began).
+const NO_STAMP: u64 = i64::MIN as u64;
+
+impl Learnt {
+    fn of(s: &State) -> Learnt {
+        Learnt {
+            speed_work: s.speed_work.value(),
+            speed_secs: s.speed_secs.value(),
+            speed_samples: s.speed_secs.samples(),
+            residual: s.residual.value(),
+            residual_samples: s.residual.samples(),
+            residual_at: s
+                .residual
+                .updated_at()
+                .map(|at| Stamp::of(Instant::from_std(at))),
+            cpu_load: s.cpu_load.value(),
+            cpu_load_samples: s.cpu_load.samples(),
+        }
+    }
+
+    fn words(&self) -> [u64; 8] {
+        [
+            self.speed_work.to_bits(),
+            self.speed_secs.to_bits(),
+            self.speed_samples,
+            self.residual.to_bits(),
+            self.residual_samples,
+            self.residual_at.map_or(NO_STAMP, |at| at.raw() as u64),
+            self.cpu_load.to_bits(),
+            self.cpu_load_samples,
+        ]
+    }
+
+    fn from_words(w: [u64; 8]) -> Learnt {
+        Learnt {
+            speed_work: f64::from_bits(w[0]),
+            speed_secs: f64::from_bits(w[1]),
+            speed_samples: w[2],
+            residual: f64::from_bits(w[3]),
+            residual_samples: w[4],
+            residual_at: (w[5] != NO_STAMP).then(|| Stamp::from_raw(w[5] as i64)),
+            cpu_load: f64::from_bits(w[6]),
+            cpu_load_samples: w[7],
+        }
+    }
+
     /// The learned prefill speed (ratio of the averages), once `min_samples` were taken.
     fn speed(&self, cfg: &LearningConfig) -> Option<f64> {
-        let secs = self.speed_secs.trusted(cfg.min_samples)?;
+        let secs = trusted(self.speed_secs, self.speed_samples, cfg)?;
         (secs > 0.0).then(|| {
-            (self.speed_work.value() / secs)
+            (self.speed_work / secs)
                 .clamp(cfg.min_prefill_tokens_per_s, cfg.max_prefill_tokens_per_s)
         })
     }
+
+    /// The residual at `now`, decayed and clamped; 0 when off or not trusted yet.
+    fn residual_ms(&self, cfg: &LearningConfig, now: Stamp) -> f64 {
+        if !cfg.ttft_residual {
+            return 0.0;
+        }
+        trusted(self.residual, self.residual_samples, cfg)
+            .map(|v| match self.residual_at {
+                Some(at) => v * residual_decay(cfg).factor(now.since(at)),
+                None => v,
+            })
+            .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+    }
+
+    fn cpu_load(&self, cfg: &LearningConfig) -> Option<f64> {
+        trusted(self.cpu_load, self.cpu_load_samples, cfg)
+    }
+}
+
+/// `value` once `samples` reach `min_samples` (at least 1).
+fn trusted(value: f64, samples: u64, cfg: &LearningConfig) -> Option<f64> {
+    (samples >= u64::from(cfg.min_samples.max(1))).then_some(value)
 }
 
 /// A CPU-tier bandwidth sample needs at least this many bytes loaded between two scrapes
@@ -145,7 +229,10 @@ pub struct ForDecision {
 /// One endpoint's learned speed and residual. Updated once per response, read per decision.
 #[derive(Debug, Default)]
 pub struct Learned {
+    /// Serialises the writers (one per response) and the getters (admin, metrics).
     state: Mutex<State>,
+    /// [`Learnt`] of `state` after its last change, for decisions to read without the lock.
+    brief: SeqWords<8>,
 }
 
 fn residual_decay(cfg: &LearningConfig) -> Decay {
@@ -199,7 +286,13 @@ impl Learned {
             s.residual
                 .add_at(residual, cfg.alpha, now.into_std(), residual_decay(cfg));
         }
+        self.brief.write(Learnt::of(&s).words());
         out
+    }
+
+    /// What the lock guards, now.
+    fn learnt(&self) -> Learnt {
+        Learnt::of(&self.state.lock())
     }
 
     /// The learned prefill speed, once `min_samples` samples were taken (and learning is on).
@@ -207,40 +300,39 @@ impl Learned {
         if !cfg.enabled {
             return None;
         }
-        self.state.lock().speed(cfg)
+        self.learnt().speed(cfg)
     }
 
     /// The residual to add to predictions at `now`, ms: decayed, clamped to
     /// `0..=max_residual_ms`, and 0 until `min_samples` samples were taken.
     pub fn ttft_residual_ms(&self, cfg: &LearningConfig, now: Instant) -> f64 {
-        if !cfg.enabled || !cfg.ttft_residual {
+        if !cfg.enabled {
             return 0.0;
         }
-        let s = self.state.lock();
-        s.residual
-            .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
-            .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
+        self.learnt().residual_ms(cfg, Stamp::of(now))
     }
 
-    /// What a decision asks of every candidate (hundreds of them at 256 endpoints), under one
+    /// What a decision asks of every candidate (hundreds of them at 256 endpoints), without a
     /// lock: [`Self::prefill_tokens_per_s`], [`Self::ttft_residual_ms`] and
     /// [`Self::cpu_load_bytes_per_s`].
     pub fn for_decision(&self, cfg: &LearningConfig, now: Instant) -> ForDecision {
+        self.for_decision_at(cfg, Stamp::of(now))
+    }
+
+    /// [`Self::for_decision`] as of a [`Stamp`] taken once for many reads. Reads the copy the
+    /// last change published, where a lock per candidate was two locked read-modify-writes.
+    pub fn for_decision_at(&self, cfg: &LearningConfig, now: Stamp) -> ForDecision {
         if !cfg.enabled {
             return ForDecision::default();
         }
-        let s = self.state.lock();
-        let ttft_residual_ms = if cfg.ttft_residual {
-            s.residual
-                .trusted_at(cfg.min_samples, Some((now.into_std(), residual_decay(cfg))))
-                .map_or(0.0, |v| v.clamp(0.0, cfg.max_residual_ms))
-        } else {
-            0.0
+        let Some(words) = self.brief.read() else {
+            return ForDecision::default();
         };
+        let learnt = Learnt::from_words(words);
         ForDecision {
-            prefill_tokens_per_s: s.speed(cfg),
-            ttft_residual_ms,
-            cpu_load_bytes_per_s: s.cpu_load.trusted(cfg.min_samples),
+            prefill_tokens_per_s: learnt.speed(cfg),
+            ttft_residual_ms: learnt.residual_ms(cfg, now),
+            cpu_load_bytes_per_s: learnt.cpu_load(cfg),
         }
     }
 
@@ -255,7 +347,9 @@ impl Learned {
         if !sample.is_finite() {
             return None;
         }
-        self.state.lock().cpu_load.add(sample, cfg.alpha);
+        let mut s = self.state.lock();
+        s.cpu_load.add(sample, cfg.alpha);
+        self.brief.write(Learnt::of(&s).words());
         Some(sample)
     }
 
@@ -264,7 +358,7 @@ impl Learned {
         if !cfg.enabled {
             return None;
         }
-        self.state.lock().cpu_load.trusted(cfg.min_samples)
+        self.learnt().cpu_load(cfg)
     }
 
     /// What was learned, as of `now`.
@@ -452,7 +546,8 @@ mod tests {
         assert_eq!(learned.cpu_load_bytes_per_s(&off), None);
     }
 
-    /// One lock for a decision reads what the three getters read, in every configuration.
+    /// A decision's read without the lock (the published copy) says what the three getters
+    /// read under it, in every configuration, after every kind of sample.
     #[tokio::test(start_paused = true)]
     async fn for_decision_reads_what_the_getters_read() {
         let on = LearningConfig {

@@ -8,6 +8,8 @@
 //! - [`exposition`]: parsing vLLM's / SGLang's Prometheus text into an engine sample.
 //! - [`scrape`]: the scrape loop of one endpoint.
 //! - [`learned`]: prefill speed and TTFT residual learned per endpoint.
+//! - [`seqlock`]: the few words decisions read for every candidate, without a lock (the engine
+//!   sample's brief, what was learned).
 //! - [`decay`]: the one time-decay law behind every average and rate (learned values, the
 //!   router's arrival rates).
 
@@ -16,6 +18,7 @@ pub mod engine;
 pub mod exposition;
 pub mod learned;
 pub mod scrape;
+pub mod seqlock;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -340,10 +340,10 @@ pub(crate) fn plan(
     // and a copy per candidate were a tenth of a decision at 256 endpoints).
     let mut pool_tiers: Option<(&str, KvTiersConfig)> = None;
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
-        // One load of the engine sample, one lock of what was learned: this runs for every
-        // candidate.
+        // One read of the engine sample's brief and one of what was learned, neither taking a
+        // lock: this runs for every candidate.
         let engine = engine_view(ep, config, stamp);
-        let learned = ep.load.learned.for_decision(learning, now);
+        let learned = ep.load.learned.for_decision_at(learning, stamp);
         let (speed, speed_source) = prefill_speed(ep, config, learned.prefill_tokens_per_s);
         let (cache_source, cache_reason) = match events {
             Some(events) => {
