@@ -16,7 +16,8 @@
 //! the decision's.
 //!
 //! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size,
-//! `-- --endpoints N` for one fleet size only, e.g. under a profiler)
+//! `-- --endpoints N` for one fleet size only, e.g. under a profiler, `-- --events 1` for a pool
+//! whose engines push KV events)
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -33,7 +34,7 @@ use kvrouter::telemetry::Metrics;
 mod support;
 use support::{arg, median};
 
-fn router(endpoints: usize) -> (Router, Vec<SocketAddr>) {
+fn router(endpoints: usize, events: bool) -> (Router, Vec<SocketAddr>) {
     let addrs: Vec<SocketAddr> = (0..endpoints)
         .map(|i| {
             format!("127.0.{}.{}:8000", 1 + i / 250, 1 + i % 250)
@@ -45,8 +46,15 @@ fn router(endpoints: usize) -> (Router, Vec<SocketAddr>) {
         .iter()
         .map(|a| format!("{{address: '{a}'}}, "))
         .collect();
+    // With `--events`, the pool's engines push KV events (none arrive here): every candidate's
+    // event source is read per decision, as in a fleet with events on.
+    let events = if events {
+        "kv_events: {push: true}, "
+    } else {
+        ""
+    };
     let yaml = format!(
-        "policy: {{name: predicted-ttft}}\npools: [{{name: a, models: [m], endpoints: [{list}]}}]"
+        "policy: {{name: predicted-ttft}}\npools: [{{name: a, models: [m], {events}endpoints: [{list}]}}]"
     );
     let router = Router::new(
         Config::parse_and_validate(&yaml, "bench").expect("config"),
@@ -173,13 +181,20 @@ fn main() {
         "endpoints", "round", "p50 us", "p99 us", "p99.9 us", "host p50 us", "host p99 us"
     );
     let only = arg("--endpoints", 0);
+    let events = arg("--events", 0) == 1;
+    // The event hub starts its silence checker on the runtime it is built in.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _entered = runtime.enter();
     let sizes: Vec<usize> = if only > 0 {
         vec![only]
     } else {
         vec![8, 64, 256]
     };
     for endpoints in sizes {
-        let (router, addrs) = router(endpoints);
+        let (router, addrs) = router(endpoints, events);
         // Each endpoint routes the prompt once (a subset hint of just that endpoint), so each
         // holds its prefix by prediction.
         for (i, addr) in addrs.iter().enumerate() {

@@ -62,7 +62,7 @@ mod subscriber;
 pub mod wire;
 
 pub use apply::StreamCounters;
-pub use hub::{EndpointEventsStatus, KvEvents, PushError, PushSink};
+pub use hub::{EndpointEventsStatus, KvEvents, PushError, PushSink, SourceStates};
 pub use msgpack::MsgpackError;
 pub use state::{Reason, SourceState};
 

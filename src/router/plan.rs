@@ -339,15 +339,16 @@ pub(crate) fn plan(
     // Candidates come pool by pool: the tiers are looked up once per run of one pool (a hash
     // and a copy per candidate were a tenth of a decision at 256 endpoints).
     let mut pool_tiers: Option<(&str, KvTiersConfig)> = None;
+    let sources = events.map(|events| events.source_states());
     for ((ep, m), &trial) in eligible.iter().zip(&matches).zip(&trial) {
         // One read of the engine sample's brief and one of what was learned, neither taking a
         // lock: this runs for every candidate.
         let engine = engine_view(ep, config, stamp);
         let learned = ep.load.learned.for_decision_at(learning, stamp);
         let (speed, speed_source) = prefill_speed(ep, config, learned.prefill_tokens_per_s);
-        let (cache_source, cache_reason) = match events {
-            Some(events) => {
-                let state = events.source_state(ep.id);
+        let (cache_source, cache_reason) = match &sources {
+            Some(sources) => {
+                let state = sources.get(ep.id);
                 (state.source(), state.reason().map(|r| r.as_str()))
             }
             None => (SourceState::Absent.source(), None),
