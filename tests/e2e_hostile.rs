@@ -248,3 +248,57 @@ async fn a_one_line_chat_is_served_while_hostile_bodies_are_refused_without_thei
     let leaks: Vec<&str> = log.lines().filter(|l| l.contains(MARKER)).collect();
     assert!(leaks.is_empty(), "log lines with the marker: {leaks:?}");
 }
+
+/// A body the router accepts by size is served when nothing else is being read, however slow
+/// the long bodies' read rate: the rate's burst makes room for one `max_body_bytes` body within
+/// `heavy_body_max_wait_ms`. (With a fixed 4 MiB burst this body, 7.5 MiB at 2 MiB/s, would
+/// have waited ~1.75 s for its turn and been answered 503 on every try.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_near_the_size_limit_is_served_when_nothing_else_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = vec![start_replica(dir.path(), ReplicaSpec::new("r0"))];
+    let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+    let extra = "routing: {max_body_bytes: 8388608, heavy_body_bytes_per_s: 2097152, \
+                 heavy_body_max_wait_ms: 1000}";
+    let yaml = router_config(dir.path(), &replicas, extra);
+    let router = start_router(dir.path(), &yaml);
+    let options = envoy_options(
+        &router,
+        dir.path(),
+        ClusterStyle::OverrideHost,
+        BodyMode::Buffered,
+        None,
+    );
+    let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
+    envoy.wait_for_hosts(&addrs).await.unwrap();
+    let client = reqwest::Client::new();
+
+    let text = "lorem ipsum dolor sit amet ".repeat((15 << 20) / 2 / 27);
+    let body = format!(
+        r#"{{"model":"{MODEL}","max_tokens":1,"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    );
+    assert!((7 << 20..8 << 20).contains(&body.len()), "{}", body.len());
+    let reply = tokio::time::timeout(
+        ANSWER_DEADLINE,
+        post(&client, envoy.addr, "/v1/chat/completions", body),
+    )
+    .await
+    .expect("the long body got no answer");
+    // It reaches the replica (which refuses it for its context length: ~1.5M tokens), not a
+    // 503 from the router.
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(
+        reply.body.contains("maximum context length"),
+        "{}",
+        reply.body
+    );
+
+    // Read by the router at its rate (held a while past the burst), not failed open.
+    let metrics = router_metrics(router.admin).await;
+    assert!(metrics.sum("kvrouter_heavy_body_held_seconds_total") > 0.0);
+    assert_eq!(
+        metrics.named("kvrouter_heavy_body_refused_total").count(),
+        1
+    );
+    assert_eq!(metrics.sum("kvrouter_heavy_body_refused_total"), 0.0);
+}

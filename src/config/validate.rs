@@ -477,6 +477,33 @@ pools:
     }
 
     #[test]
+    fn the_long_body_burst_makes_room_for_the_largest_body_within_the_wait() {
+        let mib = 1u64 << 20;
+        let routing = |rate: Option<u64>, wait_ms: u64| super::super::RoutingConfig {
+            heavy_body_bytes_per_s: rate,
+            heavy_body_max_wait_ms: wait_ms,
+            ..Default::default()
+        };
+        // 32 MiB bodies (and 64 KiB of envelope) at 16 MiB/s within 1 s: 16 MiB of burst.
+        let r = routing(Some(16 * mib), 1000);
+        assert_eq!(r.heavy_burst(), 16 * mib + (64 << 10));
+        assert_eq!(
+            r.heavy_burst() + r.heavy_rate() * r.heavy_body_max_wait_ms / 1000,
+            r.max_body_bytes as u64 + (64 << 10)
+        );
+        // Fast enough alone: the 4 MiB floor.
+        assert_eq!(routing(Some(64 * mib), 1000).heavy_burst(), 4 * mib);
+        // No rate or no bound: nothing to make room for.
+        assert_eq!(routing(Some(0), 1000).heavy_burst(), 4 * mib);
+        assert_eq!(routing(Some(mib), 0).heavy_burst(), 4 * mib);
+        // A slow rate: nearly all of the body is the burst.
+        assert_eq!(
+            routing(Some(mib), 2000).heavy_burst(),
+            30 * mib + (64 << 10)
+        );
+    }
+
+    #[test]
     fn hardening_limits_have_defaults_and_engine_capacity_is_clamped() {
         let config = Config::from_yaml(GOOD).unwrap();
         let limits = config.routing.request_limits();

@@ -151,7 +151,10 @@ pub struct ExtProcServer {
 
 impl ExtProcServer {
     pub fn new(inner: ExtProc, max_message_bytes: usize) -> ExtProcServer {
-        let pace = Pace::new(0).counted(inner.metrics.heavy_body_held_seconds());
+        let pace = Pace::new(0).counted(
+            inner.metrics.heavy_body_held_seconds(),
+            inner.metrics.heavy_body_refused(),
+        );
         ExtProcServer {
             inner: Arc::new(inner),
             max_message_bytes,
@@ -204,8 +207,8 @@ where
         Box::pin(async move {
             // Read per stream, so a reload of `routing.heavy_body_bytes` (and its rate) applies
             // to new streams.
-            let (raw_above, rate, max_wait) = inner.long_body_settings();
-            pace.set_rate(rate);
+            let (raw_above, (rate, burst), max_wait) = inner.long_body_settings();
+            pace.set(rate, burst);
             let diverted = Diverted::default();
             // The stream learns its tenant from its headers message and sets it here, for
             // the Divert reading its body's frames afterwards.

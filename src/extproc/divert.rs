@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 use tonic::Status;
 
 /// The gRPC message header: compression flag, then the length.
@@ -171,9 +172,14 @@ struct Buckets {
 #[derive(Debug)]
 pub struct Pace {
     rate: AtomicU64,
+    /// Bytes read at full speed when nothing was read for a while ([`PACE_BURST_BYTES`] or
+    /// more: `RoutingConfig::heavy_burst`).
+    burst: AtomicU64,
     buckets: parking_lot::Mutex<Buckets>,
     /// Time streams were held back, seconds, summed over streams (counted when a hold ends).
     held_seconds: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
+    /// Long messages refused for their wait.
+    refused: Counter,
 }
 
 impl Pace {
@@ -181,23 +187,35 @@ impl Pace {
     pub fn new(bytes_per_s: u64) -> Pace {
         Pace {
             rate: AtomicU64::new(bytes_per_s),
+            burst: AtomicU64::new(PACE_BURST_BYTES),
             buckets: parking_lot::Mutex::new(Buckets::default()),
             held_seconds: Default::default(),
+            refused: Default::default(),
         }
     }
 
-    /// Also counts the time held in `counter`, in seconds.
+    /// Also counts the time held in `held_seconds`, in seconds, and the messages refused in
+    /// `refused`.
     pub fn counted(
         mut self,
-        counter: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
+        held_seconds: prometheus_client::metrics::counter::Counter<f64, AtomicU64>,
+        refused: Counter,
     ) -> Pace {
-        self.held_seconds = counter;
+        self.held_seconds = held_seconds;
+        self.refused = refused;
         self
     }
 
     /// The rate from now on (the config in force when a stream starts).
+    #[cfg(test)]
     pub fn set_rate(&self, bytes_per_s: u64) {
+        self.set(bytes_per_s, PACE_BURST_BYTES);
+    }
+
+    /// The rate and the burst from now on (the config in force when a stream starts).
+    pub fn set(&self, bytes_per_s: u64, burst_bytes: u64) {
         self.rate.store(bytes_per_s, Ordering::Relaxed);
+        self.burst.store(burst_bytes, Ordering::Relaxed);
     }
 
     /// Charges `bytes` just read by a stream of `tenant` (if known); when the stream must wait
@@ -211,7 +229,8 @@ impl Pace {
         // Paid off at `rate` after `paid_at`: the new paid-off time, and when that is at most
         // the burst's time at the whole rate ahead of now (a tenant's share of the burst is its
         // share of the rate).
-        let burst = Duration::from_secs_f64(PACE_BURST_BYTES as f64 / rate as f64);
+        let burst_bytes = self.burst.load(Ordering::Relaxed);
+        let burst = Duration::from_secs_f64(burst_bytes as f64 / rate as f64);
         let pay = |paid_at: Option<tokio::time::Instant>, rate: f64| {
             let paid = paid_at.map_or(now, |at| at.max(now))
                 + Duration::from_secs_f64(bytes as f64 / rate);
@@ -316,6 +335,7 @@ impl<B> Divert<B> {
         if let (State::Collect { left, .. }, Some(pace)) = (&self.state, &self.pace) {
             let unread = (*left).min(super::STREAM_WINDOW_BYTES as usize);
             pace.charge(unread, self.flow.0.get());
+            pace.refused.inc();
         }
         self.state = State::Header {
             bytes: [0; HEADER],
@@ -659,7 +679,7 @@ mod tests {
         let diverted = Diverted::default();
         let pace = Arc::new(Pace::new(4 << 20));
         let body = Divert::new(inner, 1024, 64 << 20, Arc::clone(&diverted)).paced(
-            pace,
+            Arc::clone(&pace),
             PaceFlow::default(),
             Duration::from_millis(500),
         );
@@ -674,11 +694,98 @@ mod tests {
         assert_eq!(queue[0].0, 0);
         assert!(queue[0].1.is_refused());
         assert!(took <= Duration::from_millis(500), "took {took:?}");
+        assert_eq!(pace.refused.get(), 1);
         // Without a bound the same message is read whole, after ~2 s.
         let (took, taken) =
             paced_run(&framed(12 * mib, b'x'), 4 << 20, &Arc::new(Pace::new(0))).await;
         assert_eq!(taken, 12 * mib);
         assert!(took >= Duration::from_millis(1900), "took {took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn of_two_long_messages_that_fit_alone_the_later_is_refused_when_read_together() {
+        let mib = 1usize << 20;
+        // Two 6 MiB messages at 4 MiB/s, 4 MiB burst, 1 s bound: each alone would wait 0.5 s;
+        // both headers read before either's payload, then read together, the later one's
+        // turn comes at ~2 s.
+        let wire = framed(6 * mib, b'x');
+        let pace = Arc::new(Pace::new(4 << 20));
+        let mut feeds = Vec::new();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = futures::channel::mpsc::unbounded::<
+                Result<Frame<Bytes>, std::convert::Infallible>,
+            >();
+            tx.unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(&wire[..HEADER]))))
+                .unwrap();
+            feeds.push(tx);
+            let diverted = Diverted::default();
+            let body = Divert::new(
+                http_body_util::StreamBody::new(rx),
+                1024,
+                64 << 20,
+                Arc::clone(&diverted),
+            )
+            .paced(
+                Arc::clone(&pace),
+                PaceFlow::default(),
+                Duration::from_secs(1),
+            );
+            runs.push(async move {
+                body.collect().await.unwrap();
+                let refused = diverted.lock().iter().any(|(_, c)| c.is_refused());
+                refused
+            });
+        }
+        let feed = async {
+            // Both streams have read their headers (and wait for more) before any payload.
+            tokio::task::yield_now().await;
+            for tx in feeds {
+                for piece in wire[HEADER..].chunks(16 << 10) {
+                    tx.unbounded_send(Ok(Frame::data(Bytes::copy_from_slice(piece))))
+                        .unwrap();
+                }
+            }
+        };
+        let b = runs.pop().unwrap();
+        let a = runs.pop().unwrap();
+        let ((), a, b) = tokio::join!(feed, a, b);
+        assert_eq!(u8::from(a) + u8::from(b), 1, "one served, one refused");
+        assert_eq!(pace.refused.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_of_the_largest_size_is_read_in_time_when_nothing_else_is() {
+        // The config's burst makes room for one body of `max_body_bytes` within the bound;
+        // with the 4 MiB burst alone, 32 MiB at 16 MiB/s would wait ~1.75 s: refused every try.
+        let routing = crate::config::RoutingConfig {
+            heavy_body_bytes_per_s: Some(16 << 20),
+            ..Default::default()
+        };
+        let largest = routing.max_body_bytes;
+        let max_wait = Duration::from_millis(routing.heavy_body_max_wait_ms);
+        for (burst, served) in [(PACE_BURST_BYTES, false), (routing.heavy_burst(), true)] {
+            let pace = Arc::new(Pace::new(0));
+            pace.set(routing.heavy_rate(), burst);
+            let diverted = Diverted::default();
+            let body = Divert::new(
+                body_of(&framed(largest, b'x'), 16 << 10),
+                1024,
+                64 << 20,
+                Arc::clone(&diverted),
+            )
+            .paced(pace, PaceFlow::default(), max_wait);
+            let started = tokio::time::Instant::now();
+            body.collect().await.unwrap();
+            let took = started.elapsed();
+            let queue: Vec<_> = diverted.lock().drain(..).collect();
+            assert_eq!(queue.len(), 1);
+            assert_eq!(!queue[0].1.is_refused(), served, "burst {burst}");
+            if served {
+                assert_eq!(queue[0].1.remaining(), largest);
+                assert!(took <= max_wait, "took {took:?}");
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -101,14 +101,14 @@ impl ExtProc {
     }
 
     /// Messages longer than this are decoded off the async workers ([`codec`]): the bodies
-    /// that are decided in the heavy lane; the byte rate they are read at together, and how
-    /// long one may wait for it before it is refused.
-    fn long_body_settings(&self) -> (usize, u64, Duration) {
+    /// that are decided in the heavy lane; the byte rate they are read at together (and its
+    /// burst), and how long one may wait for it before it is refused.
+    fn long_body_settings(&self) -> (usize, (u64, u64), Duration) {
         let state = self.router.snapshot();
         let routing = &state.config.routing;
         (
             routing.heavy_body_bytes,
-            routing.heavy_rate(),
+            (routing.heavy_rate(), routing.heavy_burst()),
             Duration::from_millis(routing.heavy_body_max_wait_ms),
         )
     }

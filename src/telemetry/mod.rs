@@ -106,6 +106,8 @@ pub struct Metrics {
     held_bytes: [Gauge; 2],
     /// Seconds long bodies' streams were held back by `routing.heavy_body_bytes_per_s`.
     heavy_body_held_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Long bodies refused (503) for waiting past `routing.heavy_body_max_wait_ms`.
+    heavy_body_refused: Counter,
     /// Scrapes, engine load, staleness, health, ejections, learned speeds.
     pub signals: SignalMetrics,
     /// Matched-token share and cache source of routed decisions.
@@ -233,6 +235,14 @@ impl Metrics {
              reading by routing.heavy_body_bytes_per_s (summed over streams), seconds",
             heavy_body_held_seconds.clone(),
         );
+        let heavy_body_refused = Counter::default();
+        registry.register(
+            "heavy_body_refused",
+            "Bodies longer than routing.heavy_body_bytes answered 503 because their turn to be \
+             read at routing.heavy_body_bytes_per_s would come past \
+             routing.heavy_body_max_wait_ms",
+            heavy_body_refused.clone(),
+        );
         let signals = SignalMetrics::register(&mut registry);
         let cache = CacheMetrics::register(&mut registry);
         let sharing = SharingMetrics::register(&mut registry);
@@ -256,6 +266,7 @@ impl Metrics {
             endpoint_ids_reclaimed,
             held_bytes,
             heavy_body_held_seconds,
+            heavy_body_refused,
             endpoint_series: EndpointSeries::default(),
             scrape_lock: Mutex::new(()),
         }
@@ -302,6 +313,11 @@ impl Metrics {
     /// The counter of time long bodies were held back by their read rate.
     pub fn heavy_body_held_seconds(&self) -> Counter<f64, std::sync::atomic::AtomicU64> {
         self.heavy_body_held_seconds.clone()
+    }
+
+    /// The counter of long bodies refused for their read rate.
+    pub fn heavy_body_refused(&self) -> Counter {
+        self.heavy_body_refused.clone()
     }
 
     /// A stream opened; the returned value closes it (with its outcome) when dropped.
