@@ -44,6 +44,20 @@ fn tiny_parts() -> String {
     })
 }
 
+/// Envoy in front of `router` (buffered bodies), once it routes to every one of `replicas`.
+async fn envoy_in_front(router: &Router, dir: &std::path::Path, replicas: &[SocketAddr]) -> Envoy {
+    let options = envoy_options(
+        router,
+        dir,
+        ClusterStyle::OverrideHost,
+        BodyMode::Buffered,
+        None,
+    );
+    let envoy = start_envoy(dir, &envoyconf::render(&options)).await;
+    envoy.wait_for_hosts(replicas).await.unwrap();
+    envoy
+}
+
 struct Hostile {
     _dir: tempfile::TempDir,
     _replicas: Vec<Replica>,
@@ -70,15 +84,7 @@ async fn start() -> Hostile {
     std::fs::write(&config, yaml).unwrap();
     let router = Router::start(&kvrouter_bin(), dir.path(), &config, "info,kvrouter=trace")
         .unwrap_or_else(|e| panic!("{e}"));
-    let options = envoy_options(
-        &router,
-        dir.path(),
-        ClusterStyle::OverrideHost,
-        BodyMode::Buffered,
-        None,
-    );
-    let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
-    envoy.wait_for_hosts(&addrs).await.unwrap();
+    let envoy = envoy_in_front(&router, dir.path(), &addrs).await;
     Hostile {
         _dir: dir,
         _replicas: replicas,
@@ -262,15 +268,7 @@ async fn a_body_near_the_size_limit_is_served_when_nothing_else_is_read() {
                  heavy_body_max_wait_ms: 1000}";
     let yaml = router_config(dir.path(), &replicas, extra);
     let router = start_router(dir.path(), &yaml);
-    let options = envoy_options(
-        &router,
-        dir.path(),
-        ClusterStyle::OverrideHost,
-        BodyMode::Buffered,
-        None,
-    );
-    let envoy = start_envoy(dir.path(), &envoyconf::render(&options)).await;
-    envoy.wait_for_hosts(&addrs).await.unwrap();
+    let envoy = envoy_in_front(&router, dir.path(), &addrs).await;
     let client = reqwest::Client::new();
 
     let text = "lorem ipsum dolor sit amet ".repeat((15 << 20) / 2 / 27);
