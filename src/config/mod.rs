@@ -217,8 +217,9 @@ pub struct RoutingConfig {
     /// body holds at most a few thousand messages). Default 64 KiB.
     pub heavy_body_bytes: usize,
     /// Bytes per second at which the bodies longer than `heavy_body_bytes` are read off the
-    /// ext_proc connections, all together (after a burst: [`Self::heavy_burst`]). Receiving bytes costs the async
-    /// workers that every request's messages need (the kernel's copy out of the socket), so a
+    /// ext_proc connections, all together (after a burst: [`Self::heavy_burst`]). Receiving
+    /// bytes costs the async workers that every request's messages need (the kernel's copy out
+    /// of the socket), so a
     /// flood of near-limit bodies read at full speed delays normal requests' decisions; held
     /// back, a long body's HTTP/2 window stays closed and Envoy keeps the rest of it meanwhile.
     /// A long body then takes up to its size over this rate to arrive (its tenant's share of
@@ -273,6 +274,11 @@ impl Default for RoutingConfig {
 /// field's tag and length, Envoy's attributes and metadata), for sizing by body bytes.
 const MESSAGE_ENVELOPE_BYTES: u64 = 64 << 10;
 
+/// Bytes of long bodies read at full speed before the read rate holds a stream back, at least
+/// ([`RoutingConfig::heavy_burst`]): one such body that fits is read at once, however low the
+/// rate.
+pub const MIN_HEAVY_BURST_BYTES: u64 = 4 << 20;
+
 impl RoutingConfig {
     /// Bytes per second of long bodies read (`heavy_body_bytes_per_s`, else 8 MiB/s per core
     /// this process may use); 0 is no limit.
@@ -287,14 +293,13 @@ impl RoutingConfig {
     /// the router accepts by size would be answered 503 on every try, the rate alone making it
     /// wait past the bound (on 2 cores 8 MiB/s each, a 1 s bound: anything over 20 MiB).
     pub fn heavy_burst(&self) -> u64 {
-        const FLOOR: u64 = 4 << 20;
         let rate = self.heavy_rate();
         if rate == 0 || self.heavy_body_max_wait_ms == 0 {
-            return FLOOR;
+            return MIN_HEAVY_BURST_BYTES;
         }
         let in_time = rate.saturating_mul(self.heavy_body_max_wait_ms) / 1000;
         let largest = self.max_body_bytes as u64 + MESSAGE_ENVELOPE_BYTES;
-        largest.saturating_sub(in_time).max(FLOOR)
+        largest.saturating_sub(in_time).max(MIN_HEAVY_BURST_BYTES)
     }
 
     /// The body-shape limits to parse requests with (`max_messages`, `max_content_parts`).

@@ -37,6 +37,8 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tonic::Status;
 
+use crate::config::MIN_HEAVY_BURST_BYTES;
+
 /// The gRPC message header: compression flag, then the length.
 const HEADER: usize = 5;
 
@@ -132,10 +134,6 @@ impl Buf for Chunks {
 /// for the codec. Shared by the stream's [`Divert`] body and its decoder only.
 pub type Diverted = Arc<parking_lot::Mutex<VecDeque<(u64, Chunks)>>>;
 
-/// Bytes of long messages read at full speed before pacing holds a stream back: one such
-/// message that fits is read at once, however low the rate.
-pub const PACE_BURST_BYTES: u64 = 4 << 20;
-
 /// How long a tenant counts as receiving long bodies after its last bytes, for the shares.
 const FLOW_ACTIVE: Duration = Duration::from_millis(250);
 
@@ -165,14 +163,14 @@ struct Buckets {
 }
 
 /// The byte rate all streams' long messages share (a GCRA token bucket of
-/// [`PACE_BURST_BYTES`]), split evenly between the tenants whose long bodies are arriving (each
+/// [`MIN_HEAVY_BURST_BYTES`]), split evenly between the tenants whose long bodies are arriving (each
 /// also has a bucket of its own at its share, so a tenant flooding with many streams takes its
 /// share, not one stream's worth per stream). The rate is set per new stream from the config in
 /// force; 0 reads at full speed.
 #[derive(Debug)]
 pub struct Pace {
     rate: AtomicU64,
-    /// Bytes read at full speed when nothing was read for a while ([`PACE_BURST_BYTES`] or
+    /// Bytes read at full speed when nothing was read for a while ([`MIN_HEAVY_BURST_BYTES`] or
     /// more: `RoutingConfig::heavy_burst`).
     burst: AtomicU64,
     buckets: parking_lot::Mutex<Buckets>,
@@ -187,7 +185,7 @@ impl Pace {
     pub fn new(bytes_per_s: u64) -> Pace {
         Pace {
             rate: AtomicU64::new(bytes_per_s),
-            burst: AtomicU64::new(PACE_BURST_BYTES),
+            burst: AtomicU64::new(MIN_HEAVY_BURST_BYTES),
             buckets: parking_lot::Mutex::new(Buckets::default()),
             held_seconds: Default::default(),
             refused: Default::default(),
@@ -209,7 +207,7 @@ impl Pace {
     /// The rate from now on (the config in force when a stream starts).
     #[cfg(test)]
     pub fn set_rate(&self, bytes_per_s: u64) {
-        self.set(bytes_per_s, PACE_BURST_BYTES);
+        self.set(bytes_per_s, MIN_HEAVY_BURST_BYTES);
     }
 
     /// The rate and the burst from now on (the config in force when a stream starts).
@@ -764,7 +762,10 @@ mod tests {
         };
         let largest = routing.max_body_bytes;
         let max_wait = Duration::from_millis(routing.heavy_body_max_wait_ms);
-        for (burst, served) in [(PACE_BURST_BYTES, false), (routing.heavy_burst(), true)] {
+        for (burst, served) in [
+            (MIN_HEAVY_BURST_BYTES, false),
+            (routing.heavy_burst(), true),
+        ] {
             let pace = Arc::new(Pace::new(0));
             pace.set(routing.heavy_rate(), burst);
             let diverted = Diverted::default();
