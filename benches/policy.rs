@@ -53,6 +53,8 @@ fn bench_policies(c: &mut Criterion) {
         prompt_tokens: 4096,
         max_tokens: Some(256),
         arrivals_per_endpoint_s: 2.0,
+        // The pick and the two fallbacks a decision hands the gateway by default.
+        ranked: 3,
         ..RequestView::default()
     };
     let mut group = c.benchmark_group("policy_rank");

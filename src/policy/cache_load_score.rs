@@ -49,7 +49,15 @@ impl Policy for CacheLoadScore {
         let all: Vec<usize> = (0..n).collect();
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         Ranking {
-            order: order_by(&all, |i| -scores[i], 0.0, |_| 0.0, rotation, n),
+            order: order_by(
+                &all,
+                |i| -scores[i],
+                0.0,
+                |_| 0.0,
+                rotation,
+                n,
+                request.places(),
+            ),
             scores: scores.into_iter().map(Some).collect(),
             predicted_ttft_ms: None,
         }

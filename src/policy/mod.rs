@@ -46,6 +46,20 @@ pub struct RequestView {
     pub prefix_blocks: Arc<[u64]>,
     /// Tokens per block of `prefix_blocks` (0 when they are not filled).
     pub block_size_tokens: u32,
+    /// How many of the best candidates the caller reads in rank order (the pick and its
+    /// fallbacks); [`Ranking::order`] may list the others after them in any order. 0: all of
+    /// them (explanations show every candidate's rank).
+    pub ranked: usize,
+}
+
+impl RequestView {
+    /// The places of [`Ranking::order`] that must be in rank order ([`Self::ranked`], or all).
+    pub fn places(&self) -> usize {
+        match self.ranked {
+            0 => usize::MAX,
+            k => k,
+        }
+    }
 }
 
 /// The engine's own view of its load, scraped from its metrics; present only while fresh.
@@ -155,7 +169,8 @@ impl CandidateView {
 /// A policy's answer: candidates ranked best first, with the score behind each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ranking {
-    /// Indices into the candidate slice, best first; every candidate appears exactly once.
+    /// Indices into the candidate slice, best first; every candidate appears exactly once. Only
+    /// the first [`RequestView::places`] are in rank order.
     pub order: Vec<usize>,
     /// Per candidate (same indexing as the input): its score, where higher is better, or `None`
     /// if a filter excluded it (it then ranks after every eligible candidate).
@@ -237,6 +252,10 @@ pub fn build(config: &PolicyConfig) -> Arc<dyn Policy> {
 /// Orders `eligible` by `key` ascending; keys within `tolerance` (relative to the smallest key,
 /// plus a tiny absolute slack) of each other count as equal and are ordered by `tie` ascending,
 /// then by a rotating offset so repeated ties spread over the candidates.
+///
+/// Only the first `top` places are put in that order (at least one); the others follow, each
+/// once, in no particular order. A decision hands the gateway its pick and a few fallbacks, so
+/// ordering hundreds of candidates fully is work nobody reads; `usize::MAX` orders them all.
 pub(crate) fn order_by(
     eligible: &[usize],
     key: impl Fn(usize) -> f64,
@@ -244,6 +263,7 @@ pub(crate) fn order_by(
     tie: impl Fn(usize) -> f64,
     rotation: usize,
     n: usize,
+    top: usize,
 ) -> Vec<usize> {
     // Each key computed once and packed with its position into one integer whose order is
     // (key by `total_cmp`, position): the stable sort by key, as integer comparisons, without
@@ -253,7 +273,17 @@ pub(crate) fn order_by(
         .enumerate()
         .map(|(p, &i)| u128::from(ordered(key(i))) << 64 | p as u128)
         .collect();
-    keyed.sort_unstable();
+    let top = top.max(1);
+    // With fewer places wanted than candidates, only the `top` smallest keys are sorted; the
+    // group reaching past them is completed below from the unsorted rest.
+    let partial = top < keyed.len();
+    if partial {
+        keyed.select_nth_unstable(top - 1);
+        keyed[..top].sort_unstable();
+    } else {
+        keyed.sort_unstable();
+    }
+    let sorted = if partial { top } else { keyed.len() };
     let key_at = |k: u128| unordered((k >> 64) as u64);
     let index_at = |k: u128| eligible[k as u64 as usize];
     let n = n.max(1);
@@ -272,12 +302,31 @@ pub(crate) fn order_by(
     let mut out = Vec::with_capacity(keyed.len());
     let mut group: Vec<u128> = Vec::new();
     let mut start = 0;
-    while start < keyed.len() {
+    while start < sorted {
         let base = key_at(keyed[start]);
         let slack = base.abs() * tolerance + 1e-9;
+        let within = |k: u128| key_at(k) - base <= slack;
         let mut end = start + 1;
-        while end < keyed.len() && key_at(keyed[end]) - base <= slack {
+        while end < sorted && within(keyed[end]) {
             end += 1;
+        }
+        // The group holding the last wanted place: its other members are the unsorted keys
+        // the walk would take next, i.e. those before the first (in key order) out of its
+        // slack (not simply all within it: from an infinite base, a later key may be within
+        // where an earlier one is not), moved up to it.
+        let last = partial && end == sorted;
+        if last {
+            let stop = keyed[sorted..]
+                .iter()
+                .filter(|&&k| !within(k))
+                .min()
+                .copied();
+            for j in sorted..keyed.len() {
+                if stop.is_none_or(|s| keyed[j] < s) {
+                    keyed.swap(end, j);
+                    end += 1;
+                }
+            }
         }
         if end - start == 1 {
             out.push(index_at(keyed[start]));
@@ -289,11 +338,18 @@ pub(crate) fn order_by(
                 let i = index_at(k);
                 u128::from(ordered(tie(i))) << 64 | (rotated(i) as u128) << 32 | i as u128
             }));
-            sort_rotated(&mut group);
+            let wanted = top - start;
+            if last && wanted < group.len() {
+                group.select_nth_unstable(wanted - 1);
+                group[..wanted].sort_unstable();
+            } else {
+                sort_rotated(&mut group);
+            }
             out.extend(group.iter().map(|&g| g as u32 as usize));
         }
         start = end;
     }
+    out.extend(keyed[start..].iter().map(|&k| index_at(k)));
     out
 }
 
@@ -399,6 +455,7 @@ pub(crate) mod testing {
             arrivals_per_endpoint_s: 0.0,
             prefix_blocks: Arc::from(Vec::new()),
             block_size_tokens: 0,
+            ranked: 0,
         }
     }
 
@@ -475,6 +532,7 @@ mod tests {
                 (0u8..4).prop_map(|k| f64::from(k) * 10.0 + 0.05),
                 Just(f64::NAN),
                 Just(f64::INFINITY),
+                Just(f64::NEG_INFINITY),
                 Just(-0.0),
             ], 1..120),
             ties in prop::collection::vec(0u8..3, 120),
@@ -482,6 +540,7 @@ mod tests {
             reverse in any::<bool>(),
             tolerance in prop_oneof![Just(0.0), Just(0.02)],
             rotation in 0usize..100,
+            top in prop_oneof![Just(usize::MAX), 0usize..10, 0usize..130],
         ) {
             let n = keys.len();
             let mut eligible: Vec<usize> = (0..n).filter(|&i| pick[i]).collect();
@@ -490,10 +549,17 @@ mod tests {
             }
             let key = |i: usize| keys[i];
             let tie = |i: usize| f64::from(ties[i]);
-            prop_assert_eq!(
-                order_by(&eligible, key, tolerance, tie, rotation, n),
-                order_by_reference(&eligible, key, tolerance, tie, rotation, n)
-            );
+            let got = order_by(&eligible, key, tolerance, tie, rotation, n, top);
+            let want = order_by_reference(&eligible, key, tolerance, tie, rotation, n);
+            // The first `top` places (at least one) as the full order has them...
+            let head = top.max(1).min(want.len());
+            prop_assert_eq!(&got[..head.min(got.len())], &want[..head]);
+            // ...and every candidate once.
+            let mut all = got.clone();
+            all.sort_unstable();
+            let mut expected = eligible.clone();
+            expected.sort_unstable();
+            prop_assert_eq!(all, expected);
         }
     }
 }

@@ -54,6 +54,7 @@ impl Policy for PredictedTtft {
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let places = request.places();
         let mut order = order_by(
             &eligible.kept,
             |i| cost[i],
@@ -61,6 +62,7 @@ impl Policy for PredictedTtft {
             load,
             rotation,
             n,
+            places,
         );
         order.extend(order_by(
             &eligible.excluded,
@@ -69,6 +71,7 @@ impl Policy for PredictedTtft {
             load,
             rotation,
             n,
+            places.saturating_sub(eligible.kept.len()),
         ));
         Ranking {
             order,

@@ -29,14 +29,22 @@ impl Policy for PrefixAffinity {
         "prefix-affinity"
     }
 
-    fn rank(&self, _request: &RequestView, candidates: &[CandidateView]) -> Ranking {
+    fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
         let all: Vec<usize> = (0..n).collect();
         let matched = |i: usize| candidates[i].matched_tokens as f64;
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         Ranking {
-            order: order_by(&all, |i| -matched(i), 0.0, load, rotation, n),
+            order: order_by(
+                &all,
+                |i| -matched(i),
+                0.0,
+                load,
+                rotation,
+                n,
+                request.places(),
+            ),
             scores: (0..n).map(|i| Some(matched(i))).collect(),
             predicted_ttft_ms: None,
         }

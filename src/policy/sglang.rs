@@ -187,6 +187,7 @@ impl SglangCacheAware {
             |_| 0.0,
             rotation,
             n,
+            request.places() - 1,
         ));
         Ranking {
             order,
@@ -231,6 +232,7 @@ mod tests {
         RequestView {
             prefix_blocks: Arc::from(blocks),
             block_size_tokens: 16,
+            ranked: 0,
             ..request(blocks.len() as u64 * 16)
         }
     }

@@ -51,7 +51,8 @@ impl Policy for SglangCacheAwareIndex {
         let all: Vec<usize> = (0..n).collect();
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let load = |i: usize| loads[i] as f64;
-        let by_load = order_by(&all, load, 0.0, |_| 0.0, rotation, n);
+        let places = request.places();
+        let by_load = order_by(&all, load, 0.0, |_| 0.0, rotation, n, places);
         let best_match = candidates
             .iter()
             .map(|c| c.matched_fraction(request))
@@ -60,7 +61,7 @@ impl Policy for SglangCacheAwareIndex {
             by_load
         } else {
             let matched = |i: usize| -(candidates[i].matched_tokens as f64);
-            order_by(&all, matched, 0.0, load, rotation, n)
+            order_by(&all, matched, 0.0, load, rotation, n, places)
         };
         Ranking {
             order,

@@ -90,7 +90,15 @@ impl VllmKvAware {
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let rest: Vec<usize> = (0..n).filter(|&i| i != pick).collect();
         let mut order = vec![pick];
-        order.extend(order_by(&rest, load, 0.0, |_| 0.0, rotation, n));
+        order.extend(order_by(
+            &rest,
+            load,
+            0.0,
+            |_| 0.0,
+            rotation,
+            n,
+            request.places() - 1,
+        ));
         Ranking {
             order,
             scores: matched

@@ -135,7 +135,15 @@ impl VllmPrefixAware {
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let rest: Vec<usize> = (0..n).filter(|&i| i != pick).collect();
         let mut order = vec![pick];
-        order.extend(order_by(&rest, load, 0.0, |_| 0.0, rotation, n));
+        order.extend(order_by(
+            &rest,
+            load,
+            0.0,
+            |_| 0.0,
+            rotation,
+            n,
+            request.places() - 1,
+        ));
         let score = |i: usize| {
             if matched_blocks > 0 && matched.contains(&i) {
                 matched_tokens as f64 / request.prompt_tokens.max(1) as f64
@@ -189,6 +197,7 @@ mod tests {
         RequestView {
             prefix_blocks: Arc::from(blocks),
             block_size_tokens: 16,
+            ranked: 0,
             ..request(blocks.len() as u64 * 16)
         }
     }

@@ -1,6 +1,8 @@
 //! The user-facing breakdown of a decision: per candidate what it holds, how loaded it is, what
 //! the policy predicted and scored, and the pick. Counts and hashes only, never prompt text.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use super::Plan;
@@ -110,13 +112,26 @@ pub struct Explanation {
     pub unhealthy: Vec<String>,
 }
 
+/// The ranking's order with every place in rank order. A decision ranks only its pick and
+/// fallbacks unless it will be explained; if the decision log or feed was turned on while it
+/// decided, the others are listed by score, best first (then by index).
+fn full_order(plan: &Plan) -> Cow<'_, [usize]> {
+    let order = &plan.ranking.order;
+    let head = plan.request.places().min(order.len());
+    if head == order.len() {
+        return Cow::Borrowed(order);
+    }
+    let score = |i: usize| plan.ranking.scores[i].unwrap_or(f64::NEG_INFINITY);
+    let mut full = order.clone();
+    full[head..].sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    Cow::Owned(full)
+}
+
 impl Explanation {
     /// The explanation of `plan`.
     pub fn from_plan(plan: &Plan) -> Explanation {
         let ttft = plan.ranking.predicted_ttft_ms.as_ref();
-        let candidates = plan
-            .ranking
-            .order
+        let candidates = full_order(plan)
             .iter()
             .enumerate()
             .map(|(rank, &i)| {

@@ -187,6 +187,6 @@ impl AdminView {
         request: &ParsedRequest<'_>,
         ctx: RouteContext<'_>,
     ) -> Result<Explanation, RouteError> {
-        plan::plan(&self.state.load(), &self.tables, request, ctx).map(|p| p.explain())
+        plan::plan(&self.state.load(), &self.tables, request, ctx, true).map(|p| p.explain())
     }
 }

@@ -189,7 +189,7 @@ impl Router {
         request: &ParsedRequest<'_>,
         ctx: RouteContext<'_>,
     ) -> Result<Plan, RouteError> {
-        plan::plan(state, &self.tables, request, ctx)
+        plan::plan(state, &self.tables, request, ctx, true)
     }
 
     /// Picks endpoints for `request` under `state` and commits the decision: counts it in
@@ -202,7 +202,7 @@ impl Router {
         ctx: RouteContext<'_>,
     ) -> Result<Decision, RouteError> {
         let started = Instant::now();
-        let decided = plan::plan(state, &self.tables, request, ctx)
+        let decided = plan::plan(state, &self.tables, request, ctx, false)
             .map(|plan| ticket::commit(&self.tables, state, plan, started, ctx.request_id));
         feed::observe(
             &self.tables,

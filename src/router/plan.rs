@@ -224,11 +224,14 @@ fn offloaded(
 }
 
 /// Computes where `request` would go under `state`, reading `tables`, committing nothing.
+/// `explained`: the plan will be explained, so every candidate is ranked; otherwise only the
+/// pick and its fallbacks are put in order (unless the decision log or feed will explain it).
 pub(crate) fn plan(
     state: &RouterState,
     tables: &Tables,
     request: &ParsedRequest<'_>,
     ctx: RouteContext<'_>,
+    explained: bool,
 ) -> Result<Plan, RouteError> {
     let config = &state.config;
     let set = tables.registry.snapshot();
@@ -399,6 +402,7 @@ pub(crate) fn plan(
             ttft_residual_ms: learned.ttft_residual_ms,
         });
     }
+    let keep = 1 + config.routing.fallback_endpoints;
     let view = RequestView {
         prompt_tokens: prefix.tokens,
         max_tokens: request.max_tokens,
@@ -410,9 +414,13 @@ pub(crate) fn plan(
             Arc::from(Vec::new())
         },
         block_size_tokens: prefix.block_size_tokens,
+        ranked: if explained || tables.decisions.enabled() || tables.feed.watched() {
+            0
+        } else {
+            keep
+        },
     };
     let ranking = state.policy.rank(&view, &candidates);
-    let keep = 1 + config.routing.fallback_endpoints;
     let endpoints = ranking
         .order
         .iter()

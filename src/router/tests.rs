@@ -1183,3 +1183,52 @@ async fn a_peer_decision_is_a_prediction_for_what_is_left_of_its_ttl() {
         PeerOutcome::UnknownEndpoint
     );
 }
+
+/// A decision puts only its pick and fallbacks in rank order (ordering hundreds of candidates
+/// is work nobody reads); explaining it still lists every candidate once, the ranked ones
+/// first, the others by score; with the decision log on, every candidate is ranked.
+#[test]
+fn a_decision_ranks_its_pick_and_fallbacks_and_an_explanation_every_candidate() {
+    let list: String = (1..=6)
+        .map(|p| format!("{{address: '127.0.0.1:{}'}}, ", 8000 + p))
+        .collect();
+    let yaml = |extra: &str| {
+        format!(
+            "routing: {{fallback_endpoints: 1}}\npolicy: {{name: predicted-ttft}}\n{extra}\npools: [{{name: a, models: [m], endpoints: [{list}]}}]"
+        )
+    };
+    let r = router(&yaml(""));
+    // Tickets held on some endpoints, so the candidates' costs differ.
+    let body = chat("m");
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    let held: Vec<Decision> = (0..4)
+        .map(|_| decide_now(&r, &req, NONE).unwrap())
+        .collect();
+    let d = decide_now(&r, &req, NONE).unwrap();
+    assert_eq!(d.plan.request.ranked, 2, "the pick and one fallback");
+    assert_eq!(d.plan.endpoints.len(), 2);
+    let e = d.plan.explain();
+    let shown: Vec<&str> = e.candidates.iter().map(|c| c.endpoint.as_str()).collect();
+    let mut sorted = shown.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 6, "every candidate once: {shown:?}");
+    assert_eq!(e.pick, d.primary().address_str.to_string());
+    assert_eq!(shown[0], e.pick);
+    assert_eq!(vec![shown[1].to_string()], e.fallbacks);
+    let tail: Vec<f64> = e.candidates[2..].iter().map(|c| c.score.unwrap()).collect();
+    assert!(tail.windows(2).all(|w| w[0] >= w[1]), "{tail:?}");
+    assert!(e.candidates.iter().enumerate().all(|(i, c)| c.rank == i));
+    drop(held);
+
+    let logged = router(&yaml("debug: {record_decisions: 2}"));
+    let d = decide_now(&logged, &req, NONE).unwrap();
+    assert_eq!(
+        d.plan.request.ranked, 0,
+        "explained: every candidate ranked"
+    );
+    assert_eq!(d.plan.ranking.order.len(), 6);
+    // And an explanation asked for ranks every candidate too.
+    let p = plan_now(&r, &req, NONE).unwrap();
+    assert_eq!(p.request.ranked, 0);
+}
