@@ -43,6 +43,7 @@ fn candidates(n: usize) -> Vec<CandidateView> {
                     kv_cache_usage: ((h >> 29) % 100) as f64 / 100.0,
                 }),
                 ttft_residual_ms: ((h >> 33) % 20) as f64,
+                recalled_tokens: 0,
             }
         })
         .collect()

@@ -267,6 +267,14 @@ pub struct PredictedTtftConfig {
     /// a prefix on a cold replica pays for the prefixes it pushes out there, which the TTFT
     /// prediction and the queue externality do not see. 0 leaves evictions unpriced.
     pub eviction_weight: f64,
+    /// Weight of a prefix's home: the endpoint the router last sent the prompt's prefix to,
+    /// remembered after the engine evicted it. When that endpoint has lost part of the prefix,
+    /// every other candidate that does not hold those tokens either is charged
+    /// `recall_weight * prefill_ms` of them: a group sent elsewhere each time its home evicts it
+    /// wanders over the fleet and leaves partial copies behind, while one that goes home keeps
+    /// one copy. Matters with KV events (they report evictions at once; predictions outlive
+    /// them). 0 (the default) leaves homes unpriced.
+    pub recall_weight: f64,
     /// Also exclude endpoints that the scraped engine signals call saturated
     /// (`policy.saturation`'s queue and KV-usage thresholds). Default false: the cost already
     /// charges every queue, and a hard cut at a threshold moves cached prefixes to cold replicas
@@ -303,6 +311,7 @@ impl Default for PredictedTtftConfig {
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
             eviction_weight: 0.0,
+            recall_weight: 0.0,
             engine_saturation: false,
             tie_tolerance: 0.02,
             offload_pricing: OffloadPricing::LoadTime,

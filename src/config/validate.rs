@@ -134,6 +134,7 @@ impl Config {
             ("waiting_request_ms", t.waiting_request_ms),
             ("externality_weight", t.externality_weight),
             ("eviction_weight", t.eviction_weight),
+            ("recall_weight", t.recall_weight),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 errors.push(

@@ -140,6 +140,10 @@ pub struct CandidateView {
     /// How much slower than predicted this endpoint's first tokens have recently been (learned,
     /// decaying, >= 0), ms; added to its predicted queue wait. 0 when nothing was learned.
     pub ttft_residual_ms: f64,
+    /// Tokens of the prompt's prefix the router last sent here (this is the prefix's home),
+    /// whether or not the engine still holds them; 0 on every other candidate, and when
+    /// nothing is remembered or the policy does not ask (`recall_weight` 0).
+    pub recalled_tokens: u64,
 }
 
 impl CandidateView {
@@ -428,6 +432,7 @@ pub(crate) mod testing {
             prefill_tokens_per_s: 10_000.0,
             engine: None,
             ttft_residual_ms: 0.0,
+            recalled_tokens: 0,
         }
     }
 

@@ -18,6 +18,7 @@ pub struct PredictedTtft {
     saturation: Saturation,
     tie_tolerance: f64,
     tokens_per_request: f64,
+    recall_weight: f64,
     rotation: AtomicUsize,
 }
 
@@ -33,8 +34,40 @@ impl PredictedTtft {
             },
             tie_tolerance: config.predicted_ttft.tie_tolerance,
             tokens_per_request: config.least_loaded.tokens_per_request,
+            recall_weight: config.predicted_ttft.recall_weight,
             rotation: AtomicUsize::new(0),
         }
+    }
+}
+
+impl PredictedTtft {
+    /// What sending the request away from its prefix's home costs each other candidate, ms.
+    /// The home ([`CandidateView::recalled_tokens`]: where the router last sent the prefix)
+    /// may have lost part of it since (the engine evicted it); a candidate that holds those
+    /// lost tokens no more than the home does is charged `recall_weight` times their prefill
+    /// there. Recomputed on the home, the group keeps one copy; recomputed elsewhere, it gets a
+    /// second home, and a group moved at each eviction leaves partial copies all over the
+    /// fleet. Nothing is charged while the home holds all it was sent, nor to candidates that
+    /// hold the prefix themselves.
+    fn away_from_home_ms(&self, candidates: &[CandidateView]) -> Vec<(usize, f64)> {
+        let Some(home) = candidates.iter().position(|c| c.recalled_tokens > 0) else {
+            return Vec::new();
+        };
+        let h = &candidates[home];
+        let held = |c: &CandidateView| c.held_tokens.max(c.matched_tokens);
+        let lost = h.recalled_tokens.saturating_sub(held(h));
+        if lost == 0 {
+            return Vec::new();
+        }
+        candidates
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != home)
+            .map(|(i, c)| {
+                let missing = h.recalled_tokens.saturating_sub(held(c)).min(lost);
+                (i, self.recall_weight * self.model.prefill_ms(missing, c))
+            })
+            .collect()
     }
 }
 
@@ -50,6 +83,11 @@ impl Policy for PredictedTtft {
             let p = self.model.predict(request, c);
             ttft.push(p.ttft_ms);
             cost.push(p.cost_ms);
+        }
+        if self.recall_weight > 0.0 {
+            for (i, away) in self.away_from_home_ms(candidates) {
+                cost[i] += away;
+            }
         }
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);
@@ -135,6 +173,44 @@ mod tests {
         // The holder's queue grows to 12 requests (1,200 ms): 1,300 + 1,200 > 1,220.
         let swamped = with_queue(1, 12, 12_000, 3000);
         assert_eq!(policy().rank(&prompt, &[swamped, cold]).pick(), 1);
+    }
+
+    /// The home lost the prefix: with `recall_weight` the others are charged its recompute
+    /// (not the candidate that holds it itself), so the request goes home unless the home's
+    /// queue outweighs it.
+    #[test]
+    fn an_evicted_prefix_goes_home_unless_another_holds_it_or_home_is_swamped() {
+        let mut config = PolicyConfig::default();
+        config.predicted_ttft.running_request_ms = 0.0;
+        config.predicted_ttft.recall_weight = 1.0;
+        let p = PredictedTtft::new(&config);
+        let prompt = request(4000);
+        let mut home = cached(1, 1, 500, 0); // 50 ms of queue, nothing held any more
+        home.recalled_tokens = 3000;
+        let cold = cached(2, 0, 0, 0);
+        let r = p.rank(&prompt, &[home.clone(), cold.clone()]);
+        assert_eq!(r.pick(), 0, "{r:?}");
+        // The cold one pays its own 400 ms plus the 300 ms of the home's lost 3,000 tokens.
+        assert_eq!(r.scores[1], Some(-700.0));
+        assert_eq!(
+            policy().rank(&prompt, &[home.clone(), cold.clone()]).pick(),
+            1,
+            "unpriced"
+        );
+        // Another candidate holds the prefix: nothing to charge it, it wins on its hit.
+        let holder = cached(3, 0, 0, 3000);
+        let r = p.rank(&prompt, &[home.clone(), cold.clone(), holder]);
+        assert_eq!(r.pick(), 2);
+        assert_eq!(r.scores[2], Some(-100.0));
+        // The home kept 1,000 of its 3,000: only the 2,000 lost are charged (200 ms).
+        home.matched_tokens = 1000;
+        home.held_tokens = 1000;
+        let r = p.rank(&prompt, &[home.clone(), cold.clone()]);
+        assert_eq!(r.scores[1], Some(-600.0));
+        // A swamped home (1 s of queue) loses.
+        let mut swamped = cached(1, 10, 10_000, 0);
+        swamped.recalled_tokens = 3000;
+        assert_eq!(p.rank(&prompt, &[swamped, cold]).pick(), 1);
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod feed;
 mod handles;
 mod log;
 mod plan;
+mod recall;
 mod room;
 mod state;
 mod tables;

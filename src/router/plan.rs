@@ -194,6 +194,7 @@ pub(super) fn load_view(
         prefill_tokens_per_s: prefill_speed(ep, config, learned.prefill_tokens_per_s).0,
         engine: engine_view(ep, config, Stamp::of(now)).load,
         ttft_residual_ms: learned.ttft_residual_ms,
+        recalled_tokens: 0,
     }
 }
 
@@ -400,7 +401,16 @@ pub(crate) fn plan(
             prefill_tokens_per_s: speed,
             engine: engine.load,
             ttft_residual_ms: learned.ttft_residual_ms,
+            recalled_tokens: 0,
         });
+    }
+    // The prefix's home, when the policy prices it: the candidate it was last routed to.
+    if config.policy.predicted_ttft.recall_weight > 0.0 {
+        if let Some((home, blocks)) = tables.recall.recall(&prefix.block_hashes) {
+            if let Some(i) = eligible.iter().position(|ep| ep.id == home) {
+                candidates[i].recalled_tokens = (blocks as u64 * block).min(prefix.tokens);
+            }
+        }
     }
     let keep = 1 + config.routing.fallback_endpoints;
     let view = RequestView {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::arrivals::ArrivalRates;
 use super::feed::DecisionFeed;
 use super::log::DecisionLog;
+use super::recall::Recall;
 use super::state::RouterState;
 use crate::config::{Config, HealthConfig};
 use crate::discovery::{Endpoint, Registry, SetChange};
@@ -44,6 +45,8 @@ pub(crate) struct Tables {
     pub(crate) feed: DecisionFeed,
     /// Requests routed per second, per model.
     pub(crate) arrivals: ArrivalRates,
+    /// Where each prefix was last routed (`policy.predicted_ttft.recall_weight`).
+    pub(crate) recall: Recall,
     /// The metrics handles.
     pub(crate) metrics: Arc<Metrics>,
     /// Where committed decisions are offered to the peer instances (`sharing`); set once at
@@ -78,6 +81,7 @@ impl Tables {
             decisions: DecisionLog::default(),
             feed: DecisionFeed::default(),
             arrivals: ArrivalRates::default(),
+            recall: Recall::default(),
             metrics,
             sharing: std::sync::OnceLock::new(),
             room_freed: Arc::new(tokio::sync::Notify::new()),

@@ -626,6 +626,72 @@ fn adapters_do_not_share_the_base_models_prefixes() {
     );
 }
 
+/// A group's prefix evicted from its home: with homes priced (`recall_weight`) its next
+/// request goes home and is recomputed there, though the home is the busier (a request
+/// decoding); without, it goes to a lighter replica and the group gets a second home.
+#[test]
+fn an_evicted_prefix_goes_back_to_its_home_when_homes_are_priced() {
+    for (weight, goes_home) in [(0.0, false), (1.0, true)] {
+        let r = tokenized(
+            &format!("predicted-ttft, predicted_ttft: {{recall_weight: {weight}}}"),
+            "",
+        );
+        let first = chat_sys("m", "Where is parcel 1?");
+        let req = request::parse(ApiKind::ChatCompletions, &first).unwrap();
+        let home = decide_now(&r, &req, NONE).unwrap().primary().clone();
+        // The engine evicts the prefix; the home gets some other work.
+        r.tables.index.clear_endpoint(home.id);
+        let other = chat_with("m", "unrelated");
+        let only = [home.address];
+        let mut busy = decide_now(
+            &r,
+            &request::parse(ApiKind::ChatCompletions, &other).unwrap(),
+            RouteContext {
+                subset: Some(&only),
+                ..NONE
+            },
+        )
+        .unwrap();
+        // Past its first byte: decoding, nothing queued (the home is busier, not slower).
+        busy.ticket.on_first_byte_due();
+        let next = chat_sys("m", "Where is parcel 2?");
+        let req = request::parse(ApiKind::ChatCompletions, &next).unwrap();
+        let d = decide_now(&r, &req, NONE).unwrap();
+        assert!(
+            d.plan.candidates.iter().all(|c| c.matched_tokens == 0),
+            "held nowhere"
+        );
+        let recalled: Vec<u64> = d
+            .plan
+            .candidates
+            .iter()
+            .map(|c| c.recalled_tokens)
+            .collect();
+        let at_home = recalled[d
+            .plan
+            .candidates
+            .iter()
+            .position(|c| c.address == home.address)
+            .unwrap()];
+        if goes_home {
+            assert!(at_home >= 400, "the system prompt's home: {recalled:?}");
+            assert_eq!(recalled.iter().filter(|&&t| t > 0).count(), 1);
+        } else {
+            assert!(
+                recalled.iter().all(|&t| t == 0),
+                "not looked up: {recalled:?}"
+            );
+        }
+        assert_eq!(
+            d.primary().address == home.address,
+            goes_home,
+            "weight {weight}: {:?}",
+            d.plan.ranking.scores
+        );
+        drop(busy);
+    }
+}
+
 #[test]
 fn removing_an_endpoint_drops_its_cache_entries() {
     let r = tokenized("prefix-affinity", "");

@@ -48,6 +48,8 @@ pub struct RestOfPrompt {
     endpoint: Arc<Endpoint>,
     kv_events: bool,
     confirmed_blocks: u32,
+    /// Remember the pick as the prompt's home ([`super::recall::Recall`]).
+    recall: bool,
     model: String,
     /// The policy that decided (its own prefix tree, if any, gets the whole prompt too).
     policy: Arc<dyn crate::policy::Policy>,
@@ -94,6 +96,9 @@ impl RestOfPrompt {
             self.confirmed_blocks,
             std::time::Duration::ZERO,
         ));
+        if self.recall {
+            self.tables.recall.record(&hashes, self.endpoint.id);
+        }
         self.policy
             .record_rest(self.endpoint.address, &hashes, self.block_size_tokens);
     }
@@ -338,6 +343,7 @@ pub(super) fn commit(
     let guard = primary.load.begin(uncached_tokens);
     let confirmed_blocks = plan.matches[pick].confirmed_blocks;
     let first_byte = first_byte_in(predicted_ttft_ms);
+    let recall = state.config.policy.predicted_ttft.recall_weight > 0.0;
     let pending = record_blocks(
         tables,
         state.kv_events(),
@@ -347,12 +353,16 @@ pub(super) fn commit(
         confirmed_blocks,
         first_byte,
     );
+    if recall {
+        tables.recall.record(&plan.prefix.block_hashes, primary.id);
+    }
     let rest = plan.prefix.deferred.clone().map(|prefix| RestOfPrompt {
         prefix,
         tables: Arc::clone(tables),
         endpoint: Arc::clone(&primary),
         kv_events: state.kv_events(),
         confirmed_blocks,
+        recall,
         model: plan.model.clone(),
         policy: Arc::clone(&state.policy),
         block_size_tokens: plan.prefix.block_size_tokens,
