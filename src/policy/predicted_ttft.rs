@@ -2,7 +2,9 @@
 //! plus the delay its prefill imposes on the requests queued behind it ([`super::cost`]),
 //! endpoints at their `max_in_flight` (and, if asked, those the engine signals call saturated)
 //! filtered out unless all are, near-ties broken towards the lighter
-//! endpoint. The score is minus that cost; the predictions are reported as they are.
+//! endpoint. The score is minus that cost; the predictions are reported as they are. With
+//! `recall_weight` (off by default), candidates other than the prefix's home pay for the part of
+//! the prefix the home lost ([`PredictedTtft::away_from_home_ms`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
