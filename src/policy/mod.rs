@@ -142,7 +142,7 @@ pub struct CandidateView {
     pub ttft_residual_ms: f64,
     /// Tokens of the prompt's prefix the router last sent here (this is the prefix's home),
     /// whether or not the engine still holds them; 0 on every other candidate, and when
-    /// nothing is remembered or the policy does not ask (`recall_weight` 0).
+    /// nothing is remembered or the policy does not ask ([`Policy::wants_homes`]).
     pub recalled_tokens: u64,
 }
 
@@ -197,6 +197,11 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// Whether the policy needs [`RequestView::prefix_blocks`] (it keeps its own prefix tree);
     /// default false, so other policies do not pay for the copy.
     fn wants_prefix_blocks(&self) -> bool {
+        false
+    }
+    /// Whether the policy reads [`CandidateView::recalled_tokens`] (it prices a prefix's
+    /// home); default false, so the router neither looks homes up nor records them.
+    fn wants_homes(&self) -> bool {
         false
     }
     /// Ranks `candidates` (non-empty) for `request`.

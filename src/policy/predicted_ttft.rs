@@ -43,33 +43,18 @@ impl PredictedTtft {
 }
 
 impl PredictedTtft {
-    /// What sending the request away from its prefix's home costs each other candidate, ms.
-    /// The home ([`CandidateView::recalled_tokens`]: where the router last sent the prefix)
-    /// may have lost part of it since (the engine evicted it); a candidate that holds those
-    /// lost tokens no more than the home does is charged `recall_weight` times their prefill
-    /// there. Recomputed on the home, the group keeps one copy; recomputed elsewhere, it gets a
-    /// second home, and a group moved at each eviction leaves partial copies all over the
-    /// fleet. Nothing is charged while the home holds all it was sent, nor to candidates that
-    /// hold the prefix themselves.
-    fn away_from_home_ms(&self, candidates: &[CandidateView]) -> Vec<(usize, f64)> {
-        let Some(home) = candidates.iter().position(|c| c.recalled_tokens > 0) else {
-            return Vec::new();
-        };
-        let h = &candidates[home];
+    /// What sending the request to `c` rather than to the prefix's `home` costs, ms. The home
+    /// ([`CandidateView::recalled_tokens`]: where the router last sent the prefix) may have
+    /// lost part of it since (the engine evicted it); `c` is charged `recall_weight` times the
+    /// prefill of those lost tokens that it does not hold either. Recomputed on the home, the
+    /// group keeps one copy; recomputed elsewhere, it gets a second home, and a group moved at
+    /// each eviction leaves partial copies all over the fleet. Nothing is charged while the home
+    /// holds all it was sent, nor to a candidate that holds the prefix itself.
+    fn away_from_home_ms(&self, home: &CandidateView, c: &CandidateView) -> f64 {
         let held = |c: &CandidateView| c.held_tokens.max(c.matched_tokens);
-        let lost = h.recalled_tokens.saturating_sub(held(h));
-        if lost == 0 {
-            return Vec::new();
-        }
-        candidates
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != home)
-            .map(|(i, c)| {
-                let missing = h.recalled_tokens.saturating_sub(held(c)).min(lost);
-                (i, self.recall_weight * self.model.prefill_ms(missing, c))
-            })
-            .collect()
+        let lost = home.recalled_tokens.saturating_sub(held(home));
+        let missing = home.recalled_tokens.saturating_sub(held(c)).min(lost);
+        self.recall_weight * self.model.prefill_ms(missing, c)
     }
 }
 
@@ -78,18 +63,26 @@ impl Policy for PredictedTtft {
         "predicted-ttft"
     }
 
+    fn wants_homes(&self) -> bool {
+        self.recall_weight > 0.0
+    }
+
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
         let (mut ttft, mut cost) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for c in candidates {
+        let home = if self.wants_homes() {
+            candidates.iter().position(|c| c.recalled_tokens > 0)
+        } else {
+            None
+        };
+        for (i, c) in candidates.iter().enumerate() {
             let p = self.model.predict(request, c);
+            let away = match home {
+                Some(h) if h != i => self.away_from_home_ms(&candidates[h], c),
+                _ => 0.0,
+            };
             ttft.push(p.ttft_ms);
-            cost.push(p.cost_ms);
-        }
-        if self.recall_weight > 0.0 {
-            for (i, away) in self.away_from_home_ms(candidates) {
-                cost[i] += away;
-            }
+            cost.push(p.cost_ms + away);
         }
         let eligible = eligible_or_all(n, |i| self.saturation.keep(request, &candidates[i]));
         let load = |i: usize| candidates[i].weighted_load(self.tokens_per_request);

@@ -405,7 +405,7 @@ pub(crate) fn plan(
         });
     }
     // The prefix's home, when the policy prices it: the candidate it was last routed to.
-    if config.policy.predicted_ttft.recall_weight > 0.0 {
+    if state.policy.wants_homes() {
         if let Some((home, blocks)) = tables.recall.recall(&prefix.block_hashes) {
             if let Some(i) = eligible.iter().position(|ep| ep.id == home) {
                 candidates[i].recalled_tokens = (blocks as u64 * block).min(prefix.tokens);

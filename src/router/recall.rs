@@ -13,7 +13,8 @@
 //! adapter and salt). A lookup returns the deepest sampled block found, so a group's shared
 //! system prompt is found from any of its users' prompts. Bounded: two generations of at most
 //! [`GENERATION_KEYS`] keys; when the current one fills it becomes the previous one and the
-//! oldest generation is dropped (an approximate LRU). A key names an endpoint id; an id freed
+//! oldest generation is dropped (an approximate LRU; not the token cache's `lru::LruCache`, which
+//! allocates a node per key: ten per decision here). A key names an endpoint id; an id freed
 //! and reused by another address after [`super::tables::ID_REUSE_GRACE_MS`] may inherit a
 //! departed endpoint's homes, which costs a little stickiness and nothing else.
 
@@ -104,7 +105,7 @@ impl Recall {
         })
     }
 
-    /// Keys held, both generations (for tests and stats).
+    /// Keys held, both generations.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards
@@ -120,10 +121,6 @@ impl Recall {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn id(n: u32) -> EndpointId {
-        EndpointId::from(n)
-    }
 
     #[test]
     fn samples_the_last_block_and_the_powers_of_two_below_it() {
@@ -148,14 +145,14 @@ mod tests {
             h.extend((0..8).map(|i| 1000 * q + i));
             h
         };
-        recall.record(&user(1), id(3));
+        recall.record(&user(1), 3);
         // Another user's prompt: its own blocks are new, block 31 (the 32nd) is the group's.
-        assert_eq!(recall.recall(&user(2)), Some((id(3), 32)));
+        assert_eq!(recall.recall(&user(2)), Some((3, 32)));
         // The same user again: the whole prompt.
-        assert_eq!(recall.recall(&user(1)), Some((id(3), 48)));
+        assert_eq!(recall.recall(&user(1)), Some((3, 48)));
         // The group moves: the last routing wins.
-        recall.record(&user(2), id(5));
-        assert_eq!(recall.recall(&user(7)), Some((id(5), 32)));
+        recall.record(&user(2), 5);
+        assert_eq!(recall.recall(&user(7)), Some((5, 32)));
         // Unrelated prompts recall nothing.
         assert_eq!(recall.recall(&[70_000, 70_001, 70_002]), None);
         assert_eq!(recall.recall(&[]), None);
@@ -166,13 +163,10 @@ mod tests {
         let recall = Recall::with_capacity(SHARDS * 4);
         for p in 0..1000u64 {
             // One-block prompts spread over the shards by their top bits.
-            recall.record(&[p.rotate_right(4) | 1], id(1));
+            recall.record(&[p.rotate_right(4) | 1], 1);
         }
         assert!(recall.len() <= 2 * SHARDS * 4, "{}", recall.len());
         // The newest are still there.
-        assert_eq!(
-            recall.recall(&[999u64.rotate_right(4) | 1]),
-            Some((id(1), 1))
-        );
+        assert_eq!(recall.recall(&[999u64.rotate_right(4) | 1]), Some((1, 1)));
     }
 }

@@ -343,7 +343,7 @@ pub(super) fn commit(
     let guard = primary.load.begin(uncached_tokens);
     let confirmed_blocks = plan.matches[pick].confirmed_blocks;
     let first_byte = first_byte_in(predicted_ttft_ms);
-    let recall = state.config.policy.predicted_ttft.recall_weight > 0.0;
+    let recall = state.policy.wants_homes();
     let pending = record_blocks(
         tables,
         state.kv_events(),
