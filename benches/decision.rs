@@ -17,7 +17,9 @@
 //!
 //! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size,
 //! `-- --endpoints N` for one fleet size only, e.g. under a profiler, `-- --events 1` for a pool
-//! whose engines push KV events)
+//! whose engines push KV events, `-- --recall-weight W` to price prefixes' homes
+//! (`policy.predicted_ttft.recall_weight`: each decision also looks its prompt up in, and records
+//! its pick into, the home table))
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -34,7 +36,7 @@ use kvrouter::telemetry::Metrics;
 mod support;
 use support::{arg, median};
 
-fn router(endpoints: usize, events: bool) -> (Router, Vec<SocketAddr>) {
+fn router(endpoints: usize, events: bool, recall_weight: usize) -> (Router, Vec<SocketAddr>) {
     let addrs: Vec<SocketAddr> = (0..endpoints)
         .map(|i| {
             format!("127.0.{}.{}:8000", 1 + i / 250, 1 + i % 250)
@@ -54,7 +56,7 @@ fn router(endpoints: usize, events: bool) -> (Router, Vec<SocketAddr>) {
         ""
     };
     let yaml = format!(
-        "policy: {{name: predicted-ttft}}\npools: [{{name: a, models: [m], {events}endpoints: [{list}]}}]"
+        "policy: {{name: predicted-ttft, predicted_ttft: {{recall_weight: {recall_weight}}}}}\npools: [{{name: a, models: [m], {events}endpoints: [{list}]}}]"
     );
     let router = Router::new(
         Config::parse_and_validate(&yaml, "bench").expect("config"),
@@ -182,6 +184,10 @@ fn main() {
     );
     let only = arg("--endpoints", 0);
     let events = arg("--events", 0) == 1;
+    let recall_weight = arg("--recall-weight", 0);
+    if recall_weight > 0 {
+        println!("homes priced: recall_weight {recall_weight}");
+    }
     // The event hub starts its silence checker on the runtime it is built in.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -194,7 +200,7 @@ fn main() {
         vec![8, 64, 256]
     };
     for endpoints in sizes {
-        let (router, addrs) = router(endpoints, events);
+        let (router, addrs) = router(endpoints, events, recall_weight);
         // Each endpoint routes the prompt once (a subset hint of just that endpoint), so each
         // holds its prefix by prediction.
         for (i, addr) in addrs.iter().enumerate() {
