@@ -147,6 +147,16 @@ pub struct RunStats {
     /// Busy replica-seconds per 1,000 complete answers.
     #[serde(default)]
     pub busy_replica_s_per_1k: f64,
+    /// Prefix groups (the workload's `group`: a shared prefix, a conversation, a tenant, a hot
+    /// prefix's rank) with a complete answer, over the whole run.
+    #[serde(default)]
+    pub groups: usize,
+    /// Of those, groups answered by two replicas or more: a router that moves a group recomputes
+    /// its prefix and keeps copies of it on several replicas. What a policy should do with a
+    /// group depends on the workload (a hot prefix must spread; a shared prefix under eviction
+    /// pressure should stay put).
+    #[serde(default)]
+    pub split_groups: usize,
 }
 
 /// How a run started cold: its first fifth of requests (by send time) against the rest.
@@ -243,6 +253,7 @@ pub fn run_stats(
         0.0
     };
     let answered = all.iter().filter(|r| r.ok()).count().max(1) as f64;
+    let (groups, split_groups) = placement(all);
     let busy: f64 = replicas.iter().map(|r| r.busy_s).sum();
     let fleet = fleet.max(replicas.len()).max(1) as f64;
     RunStats {
@@ -256,6 +267,8 @@ pub fn run_stats(
         },
         replica_s_per_1k: fleet * run_s / answered * 1000.0,
         busy_replica_s_per_1k: busy / answered * 1000.0,
+        groups,
+        split_groups,
         requests: records.len(),
         ok: ok.len(),
         errors: records.len() - ok.len(),
@@ -291,6 +304,20 @@ pub fn run_stats(
         warmup: warmup(all),
         replicas,
     }
+}
+
+/// Groups with a complete answer, and how many of them more than one replica answered.
+pub fn placement(records: &[RequestRecord]) -> (usize, usize) {
+    let mut by_group: BTreeMap<usize, (&str, bool)> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.ok()) {
+        let Some(replica) = r.replica.as_deref() else {
+            continue;
+        };
+        let entry = by_group.entry(r.group).or_insert((replica, false));
+        entry.1 |= entry.0 != replica;
+    }
+    let split = by_group.values().filter(|(_, split)| *split).count();
+    (by_group.len(), split)
 }
 
 fn replica_stats(records: &[RequestRecord], samples: &[ReplicaSample]) -> Vec<ReplicaStats> {
@@ -482,5 +509,26 @@ mod tests {
         let w = run_stats(&records, &[], 1000.0, 1.0, 400.0, 2);
         assert_eq!((w.measured, w.ok), (2, 1));
         assert_eq!(w.replica_s_per_1k, s.replica_s_per_1k);
+    }
+
+    #[test]
+    fn a_group_answered_by_two_replicas_is_split_and_failures_do_not_count() {
+        let in_group = |g: usize, r: RequestRecord| RequestRecord { group: g, ..r };
+        let records = vec![
+            in_group(0, rec(0, "r0", 0.0, 10.0, 100.0, true)),
+            // Group 1 answered by r0 and r1: split.
+            in_group(1, rec(1, "r0", 10.0, 10.0, 100.0, true)),
+            in_group(1, rec(2, "r1", 20.0, 10.0, 100.0, true)),
+            // Group 2 answered by r1; its failure on r0 does not split it.
+            in_group(2, rec(3, "r1", 30.0, 10.0, 100.0, true)),
+            in_group(2, rec(4, "r0", 40.0, 10.0, 100.0, false)),
+            // Group 3 never answered: not counted.
+            in_group(3, rec(5, "r2", 50.0, 10.0, 100.0, false)),
+        ];
+        let s = run_stats(&records, &[], 1000.0, 1.0, 0.0, 3);
+        assert_eq!((s.groups, s.split_groups), (3, 1));
+        // The whole run counts, not the window.
+        let w = run_stats(&records, &[], 1000.0, 1.0, 25.0, 3);
+        assert_eq!((w.groups, w.split_groups), (3, 1));
     }
 }

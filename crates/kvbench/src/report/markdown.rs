@@ -340,10 +340,13 @@ fn beyond_ttft(o: &mut String, r: &Report) {
         "Medians over seeds. *busy*: the simulated GPUs' busy share (time with a request on the \
          replica, over the run). *cost*: replica-seconds of the run per 1,000 answers; *busy cost*: \
          busy replica-seconds per 1,000 answers. *queue*: `vllm:num_requests_waiting` (max; mean of \
-         per-replica means).\n"
+         per-replica means). *split*: prefix groups (shared prefix, conversation, tenant or hot \
+         prefix, as the workload defines them) answered by two replicas or more, of those answered, \
+         over the whole run: each split recomputed the group's prefix somewhere new (a hot prefix \
+         should split; a shared prefix under eviction pressure should not).\n"
     );
-    let _ = writeln!(o, "| workload | rate | policy | errors | queue max | queue mean | preempt | busy | cost | busy cost | e2e p50 | out tok/s |");
-    let _ = writeln!(o, "|{}", "---|".repeat(12));
+    let _ = writeln!(o, "| workload | rate | policy | errors | queue max | queue mean | preempt | busy | cost | busy cost | e2e p50 | out tok/s | split |");
+    let _ = writeln!(o, "|{}", "---|".repeat(13));
     let mut keys: Vec<(String, f64, String)> = Vec::new();
     for x in r.runs.iter().filter(|x| x.stats.is_some()) {
         let k = (x.workload.clone(), x.rate, x.label.clone());
@@ -368,7 +371,7 @@ fn beyond_ttft(o: &mut String, r: &Report) {
         };
         let _ = writeln!(
             o,
-            "| {w} | {rate} | {label} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0}% | {:.0} | {:.0} | {} | {:.0} |",
+            "| {w} | {rate} | {label} | {:.0} | {:.0} | {:.1} | {:.0} | {:.0}% | {:.0} | {:.0} | {} | {:.0} | {:.0} of {:.0} |",
             med(&|s| s.errors as f64),
             med(&|s| s.max_queue),
             med(&|s| s.mean_queue),
@@ -378,6 +381,8 @@ fn beyond_ttft(o: &mut String, r: &Report) {
             med(&|s| s.busy_replica_s_per_1k),
             ms(Some(med(&|s| s.e2e_ms.p50.unwrap_or(0.0)))),
             med(&|s| s.output_tokens_per_s),
+            med(&|s| s.split_groups as f64),
+            med(&|s| s.groups as f64),
         );
     }
     let multi: Vec<&RunResult> = r.runs.iter().filter(|x| x.divergence.is_some()).collect();
@@ -506,9 +511,9 @@ pub fn render_runs(r: &Report) -> String {
     let _ = writeln!(
         o,
         "| workload | rate | policy | seed | order | ok | err | TTFT p50 | p95 | p99 | e2e p50 | p99 | out tok/s | \
-         KV hit | queue max | queue mean | preempt | goodput/s | vs bound (mean) | vs fluid bound |"
+         KV hit | queue max | queue mean | preempt | goodput/s | vs bound (mean) | vs fluid bound | split |"
     );
-    let _ = writeln!(o, "|{}", "---|".repeat(20));
+    let _ = writeln!(o, "|{}", "---|".repeat(21));
     for run in &r.runs {
         row(&mut o, run);
     }
@@ -621,7 +626,7 @@ fn row(o: &mut String, run: &RunResult) {
     };
     let _ = writeln!(
         o,
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.1} | {:.0} | {:.2} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.0} | {:.1} | {:.0} | {:.2} | {} | {} | {} of {} |",
         run.workload,
         run.rate,
         run.label,
@@ -642,6 +647,8 @@ fn row(o: &mut String, run: &RunResult) {
         s.goodput_rps,
         x(run.bound.as_ref().and_then(|b| b.mean_ratio)),
         x(run.bound.as_ref().and_then(|b| b.fluid_ratio)),
+        s.split_groups,
+        s.groups,
     );
 }
 

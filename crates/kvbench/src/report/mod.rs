@@ -166,6 +166,12 @@ impl Report {
     /// Computes the analysis and writes everything: `results.json`, `summary.json`,
     /// `report.md`, and the plots under `plots/`.
     pub fn finish(&mut self, dir: &Path) -> Result<(), BenchError> {
+        // Results written before runs counted their split groups: count them from the records.
+        for r in &mut self.runs {
+            if let Some(s) = r.stats.as_mut().filter(|s| s.groups == 0) {
+                (s.groups, s.split_groups) = crate::stats::placement(&r.records);
+            }
+        }
         // The single-run analyses look at the first seed only; the verdicts at every seed.
         let first_seed = self.plan.seed_list().first().copied();
         let first: Vec<RunResult> = self
