@@ -148,10 +148,10 @@ pub struct RunStats {
     #[serde(default)]
     pub busy_replica_s_per_1k: f64,
     /// Prefix groups (the workload's `group`: a shared prefix, a conversation, a tenant, a hot
-    /// prefix's rank) with a complete answer, over the whole run.
+    /// prefix's rank) with a complete answer through the router, over the whole run.
     #[serde(default)]
     pub groups: usize,
-    /// Of those, groups answered by two replicas or more: a router that moves a group recomputes
+    /// Of those, groups the router sent to two replicas or more: a router that moves a group recomputes
     /// its prefix and keeps copies of it on several replicas. What a policy should do with a
     /// group depends on the workload (a hot prefix must spread; a shared prefix under eviction
     /// pressure should stay put).
@@ -306,10 +306,11 @@ pub fn run_stats(
     }
 }
 
-/// Groups with a complete answer, and how many of them more than one replica answered.
+/// Groups with a complete answer through the router, and how many of them more than one
+/// replica answered (requests sent straight to a replica are not the router's placement).
 pub fn placement(records: &[RequestRecord]) -> (usize, usize) {
     let mut by_group: BTreeMap<usize, (&str, bool)> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.ok()) {
+    for r in records.iter().filter(|r| r.ok() && !r.bypassed) {
         let Some(replica) = r.replica.as_deref() else {
             continue;
         };
@@ -524,6 +525,11 @@ mod tests {
             in_group(2, rec(4, "r0", 40.0, 10.0, 100.0, false)),
             // Group 3 never answered: not counted.
             in_group(3, rec(5, "r2", 50.0, 10.0, 100.0, false)),
+            // Group 0 answered by r2 too, but sent there straight, not by the router.
+            RequestRecord {
+                bypassed: true,
+                ..in_group(0, rec(6, "r2", 60.0, 10.0, 100.0, true))
+            },
         ];
         let s = run_stats(&records, &[], 1000.0, 1.0, 0.0, 3);
         assert_eq!((s.groups, s.split_groups), (3, 1));

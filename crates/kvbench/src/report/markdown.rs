@@ -341,7 +341,7 @@ fn beyond_ttft(o: &mut String, r: &Report) {
          replica, over the run). *cost*: replica-seconds of the run per 1,000 answers; *busy cost*: \
          busy replica-seconds per 1,000 answers. *queue*: `vllm:num_requests_waiting` (max; mean of \
          per-replica means). *split*: prefix groups (shared prefix, conversation, tenant or hot \
-         prefix, as the workload defines them) answered by two replicas or more, of those answered, \
+         prefix, as the workload defines them) the router sent to two replicas or more, of those answered, \
          over the whole run: each split recomputed the group's prefix somewhere new (a hot prefix \
          should split; a shared prefix under eviction pressure should not).\n"
     );
