@@ -42,17 +42,32 @@ impl PredictedTtft {
     }
 }
 
+/// Prompt tokens `c` holds, by the engine's word or the index's.
+fn held(c: &CandidateView) -> u64 {
+    c.held_tokens.max(c.matched_tokens)
+}
+
 impl PredictedTtft {
-    /// What sending the request to `c` rather than to the prefix's `home` costs, ms. The home
-    /// ([`CandidateView::recalled_tokens`]: where the router last sent the prefix) may have
-    /// lost part of it since (the engine evicted it); `c` is charged `recall_weight` times the
-    /// prefill of those lost tokens that it does not hold either. Recomputed on the home, the
-    /// group keeps one copy; recomputed elsewhere, it gets a second home, and a group moved at
-    /// each eviction leaves partial copies all over the fleet. Nothing is charged while the home
-    /// holds all it was sent, nor to a candidate that holds the prefix itself.
-    fn away_from_home_ms(&self, home: &CandidateView, c: &CandidateView) -> f64 {
-        let held = |c: &CandidateView| c.held_tokens.max(c.matched_tokens);
+    /// The prefix's home among `candidates` ([`CandidateView::recalled_tokens`]: where the
+    /// router last sent the prefix) when homes are priced and it has lost part of the prefix
+    /// since (the engine evicted it): its index and the tokens lost. None while the home holds
+    /// all it was sent: then nobody is charged.
+    fn home_loss(&self, candidates: &[CandidateView]) -> Option<(usize, u64)> {
+        if !self.wants_homes() {
+            return None;
+        }
+        let h = candidates.iter().position(|c| c.recalled_tokens > 0)?;
+        let home = &candidates[h];
         let lost = home.recalled_tokens.saturating_sub(held(home));
+        (lost > 0).then_some((h, lost))
+    }
+
+    /// What sending the request to `c` rather than to the prefix's `home`, which lost `lost`
+    /// tokens of it, costs, ms: `recall_weight` times the prefill of those lost tokens that `c`
+    /// does not hold either. Recomputed on the home, the group keeps one copy; recomputed
+    /// elsewhere, it gets a second home, and a group moved at each eviction leaves partial
+    /// copies all over the fleet. Nothing is charged to a candidate that holds the prefix itself.
+    fn away_from_home_ms(&self, home: &CandidateView, lost: u64, c: &CandidateView) -> f64 {
         let missing = home.recalled_tokens.saturating_sub(held(c)).min(lost);
         self.recall_weight * self.model.prefill_ms(missing, c)
     }
@@ -70,15 +85,11 @@ impl Policy for PredictedTtft {
     fn rank(&self, request: &RequestView, candidates: &[CandidateView]) -> Ranking {
         let n = candidates.len();
         let (mut ttft, mut cost) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let home = if self.wants_homes() {
-            candidates.iter().position(|c| c.recalled_tokens > 0)
-        } else {
-            None
-        };
+        let home = self.home_loss(candidates);
         for (i, c) in candidates.iter().enumerate() {
             let p = self.model.predict(request, c);
             let away = match home {
-                Some(h) if h != i => self.away_from_home_ms(&candidates[h], c),
+                Some((h, lost)) if h != i => self.away_from_home_ms(&candidates[h], lost, c),
                 _ => 0.0,
             };
             ttft.push(p.ttft_ms);

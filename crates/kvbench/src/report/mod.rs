@@ -166,9 +166,10 @@ impl Report {
     /// Computes the analysis and writes everything: `results.json`, `summary.json`,
     /// `report.md`, and the plots under `plots/`.
     pub fn finish(&mut self, dir: &Path) -> Result<(), BenchError> {
-        // Split groups from the records (results written before runs counted them, too).
-        for r in self.runs.iter_mut().filter(|r| !r.records.is_empty()) {
-            if let Some(s) = r.stats.as_mut() {
+        // Results written before runs counted their split groups: count them from the records
+        // (`run_stats` does for every new run).
+        for r in &mut self.runs {
+            if let Some(s) = r.stats.as_mut().filter(|s| s.groups == 0) {
                 (s.groups, s.split_groups) = crate::stats::placement(&r.records);
             }
         }
