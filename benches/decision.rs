@@ -18,8 +18,8 @@
 //! `cargo bench --bench decision` (`-- --decisions N --rounds R` to change the size,
 //! `-- --endpoints N` for one fleet size only, e.g. under a profiler, `-- --events 1` for a pool
 //! whose engines push KV events, `-- --recall-weight W` to price prefixes' homes
-//! (`policy.predicted_ttft.recall_weight`: each decision also looks its prompt up in, and records
-//! its pick into, the home table))
+//! at W, default 16 as the router's (`policy.predicted_ttft.recall_weight`: each decision also
+//! looks its prompt up in, and records its pick into, the home table; 0 turns that off))
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -184,10 +184,8 @@ fn main() {
     );
     let only = arg("--endpoints", 0);
     let events = arg("--events", 0) == 1;
-    let recall_weight = arg("--recall-weight", 0);
-    if recall_weight > 0 {
-        println!("homes priced: recall_weight {recall_weight}");
-    }
+    let recall_weight = arg("--recall-weight", 16);
+    println!("homes priced: recall_weight {recall_weight}");
     // The event hub starts its silence checker on the runtime it is built in.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -273,7 +273,8 @@ pub struct PredictedTtftConfig {
     /// `recall_weight * prefill_ms` of them: a group sent elsewhere each time its home evicts it
     /// wanders over the fleet and leaves partial copies behind, while one that goes home keeps
     /// one copy. Matters with KV events (they report evictions at once; predictions outlive
-    /// them). 0 (the default) leaves homes unpriced.
+    /// them). Default 16 (a home is left only when staying costs more than sixteen recomputes:
+    /// docs/policies.md, "A prefix's home"); 0 leaves homes unpriced.
     pub recall_weight: f64,
     /// Also exclude endpoints that the scraped engine signals call saturated
     /// (`policy.saturation`'s queue and KV-usage thresholds). Default false: the cost already
@@ -311,7 +312,7 @@ impl Default for PredictedTtftConfig {
             waiting_request_ms: 100.0,
             externality_weight: 1.0,
             eviction_weight: 0.0,
-            recall_weight: 0.0,
+            recall_weight: 16.0,
             engine_saturation: false,
             tie_tolerance: 0.02,
             offload_pricing: OffloadPricing::LoadTime,

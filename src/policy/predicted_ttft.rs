@@ -198,8 +198,10 @@ mod tests {
         assert_eq!(r.pick(), 0, "{r:?}");
         // The cold one pays its own 400 ms plus the 300 ms of the home's lost 3,000 tokens.
         assert_eq!(r.scores[1], Some(-700.0));
+        config.predicted_ttft.recall_weight = 0.0;
+        let unpriced = PredictedTtft::new(&config);
         assert_eq!(
-            policy().rank(&prompt, &[home.clone(), cold.clone()]).pick(),
+            unpriced.rank(&prompt, &[home.clone(), cold.clone()]).pick(),
             1,
             "unpriced"
         );

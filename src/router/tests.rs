@@ -628,14 +628,16 @@ fn adapters_do_not_share_the_base_models_prefixes() {
 
 /// A group's prefix evicted from its home: with homes priced (`recall_weight`) its next
 /// request goes home and is recomputed there, though the home is the busier (a request
-/// decoding); without, it goes to a lighter replica and the group gets a second home.
+/// decoding); without, it goes to a lighter replica and the group gets a second home. The
+/// default prices homes.
 #[test]
 fn an_evicted_prefix_goes_back_to_its_home_when_homes_are_priced() {
-    for (weight, goes_home) in [(0.0, false), (1.0, true)] {
-        let r = tokenized(
-            &format!("predicted-ttft, predicted_ttft: {{recall_weight: {weight}}}"),
-            "",
-        );
+    for (weight, goes_home) in [(Some(0.0), false), (Some(1.0), true), (None, true)] {
+        let policy = match weight {
+            Some(w) => format!("predicted-ttft, predicted_ttft: {{recall_weight: {w}}}"),
+            None => "predicted-ttft".to_owned(),
+        };
+        let r = tokenized(&policy, "");
         let first = chat_sys("m", "Where is parcel 1?");
         let req = request::parse(ApiKind::ChatCompletions, &first).unwrap();
         let home = decide_now(&r, &req, NONE).unwrap().primary().clone();
@@ -685,7 +687,7 @@ fn an_evicted_prefix_goes_back_to_its_home_when_homes_are_priced() {
         assert_eq!(
             d.primary().address == home.address,
             goes_home,
-            "weight {weight}: {:?}",
+            "weight {weight:?}: {:?}",
             d.plan.ranking.scores
         );
         drop(busy);
