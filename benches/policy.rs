@@ -30,6 +30,7 @@ fn candidates(n: usize) -> Vec<CandidateView> {
                     in_flight_requests: h % 32,
                     in_flight_prefill_tokens: (h >> 5) % 65_536,
                     in_flight_prefilling: h % 16,
+                    prefill_head_elapsed_us: 0,
                 },
                 max_in_flight: (h % 5 == 0).then_some(24),
                 matched_tokens: ((h >> 11) % 257) * 16,

@@ -290,6 +290,14 @@ pub struct PredictedTtftConfig {
     /// as `kv_events.medium_weights` of a cached token (a flat discount, the earlier model).
     /// Default `load-time`.
     pub offload_pricing: OffloadPricing,
+    /// Count the prompt in prefill at the head of an endpoint's queue as partly done: its queue
+    /// wait is the prefill of the prompts routed there without a first byte at the endpoint's
+    /// speed, less how long the head has been prefilling (never below 0). Without it that
+    /// prompt counts in full until its first byte, so two endpoints each prefilling one prompt
+    /// look alike however far along they are. The flow controller's room keeps counting it in
+    /// full (its `dispatch_lead_ms` is the knob for that). Default false: docs/flow-control.md,
+    /// "A TTFT target for critical requests".
+    pub prefill_progress: bool,
 }
 
 /// How `predicted-ttft` prices prefix tokens held outside GPU memory.
@@ -316,6 +324,7 @@ impl Default for PredictedTtftConfig {
             engine_saturation: false,
             tie_tolerance: 0.02,
             offload_pricing: OffloadPricing::LoadTime,
+            prefill_progress: false,
         }
     }
 }

@@ -7,6 +7,7 @@
 //!         + queue_wait(e)                       work ahead of it on e
 //!         + uncached_tokens(e) / prefill_speed(e) its own prefill, minus what e has cached
 //! queue_wait(e) = prefill tokens in flight on e / prefill_speed(e)
+//!                 (less how long the first of them has run, with `prefill_progress`)
 //!               + running_request_ms * requests running on e
 //!               + waiting_request_ms * hidden requests waiting in e's engine queue
 //!               + ttft_residual(e)                 learned: how much slower than predicted e is
@@ -174,7 +175,8 @@ impl CostModel {
 
     /// Time the work already on `c` takes before this request's prefill starts, ms.
     pub fn queue_ms(&self, c: &CandidateView) -> f64 {
-        self.prefill_ms(c.load.in_flight_prefill_tokens, c)
+        let done_ms = c.load.prefill_head_elapsed_us as f64 / 1e3;
+        (self.prefill_ms(c.load.in_flight_prefill_tokens, c) - done_ms).max(0.0)
             + self.running_request_ms * Self::running(c)
             + self.waiting_request_ms * Self::hidden_waiting(c)
             + Self::residual(c)
@@ -364,6 +366,36 @@ mod tests {
         c.load.in_flight_prefilling = 7;
         let p = model.predict(&request(1000), &c);
         assert_eq!((p.queue_ms, p.externality_ms), (60.0, 700.0));
+    }
+
+    #[test]
+    fn the_head_prompts_progress_shortens_the_wait_it_is_given() {
+        let model = CostModel {
+            base_ms: 0.0,
+            running_request_ms: 0.0,
+            waiting_request_ms: 0.0,
+            externality_weight: 0.0,
+            eviction_weight: 0.0,
+            offload_pricing: OffloadPricing::LoadTime,
+        };
+        // Two endpoints each prefilling one 2000-token prompt at 10k tokens/s (200 ms); one has
+        // run it for 150 ms. Without the progress (0, as the view carries it by default) they
+        // look alike; with it the one nearly done waits 50 ms.
+        let mut fresh = cached(1, 1, 2000, 0);
+        fresh.load.in_flight_prefilling = 1;
+        let mut along = cached(2, 1, 2000, 0);
+        along.load.in_flight_prefilling = 1;
+        assert_eq!(model.queue_ms(&fresh), model.queue_ms(&along));
+        along.load.prefill_head_elapsed_us = 150_000;
+        assert_eq!(
+            (model.queue_ms(&fresh), model.queue_ms(&along)),
+            (200.0, 50.0)
+        );
+        let p = model.predict(&request(2000), &along);
+        assert_eq!((p.queue_ms, p.ttft_ms), (50.0, 250.0));
+        // A head that ran past its prediction leaves no negative wait.
+        along.load.prefill_head_elapsed_us = 900_000;
+        assert_eq!(model.queue_ms(&along), 0.0);
     }
 
     /// Requests that arrive while a prefill runs wait behind it too: at 10 requests per second

@@ -83,6 +83,9 @@ pub struct RouterLoad {
     pub in_flight_prefill_tokens: u64,
     /// Of those requests, the ones without a first byte yet (still queued or prefilling).
     pub in_flight_prefilling: u64,
+    /// How long the prompt at the head of those has been prefilling, us (the router takes them
+    /// as prefilled one after another); 0 unless `policy.predicted_ttft.prefill_progress` is on.
+    pub prefill_head_elapsed_us: u64,
 }
 
 /// Prompt-prefix tokens a candidate holds only in one tier slower than GPU memory (its KV
@@ -428,6 +431,7 @@ pub(crate) mod testing {
                 in_flight_requests: requests,
                 in_flight_prefill_tokens: tokens,
                 in_flight_prefilling: 0,
+                prefill_head_elapsed_us: 0,
             },
             max_in_flight: None,
             matched_tokens: 0,

@@ -18,7 +18,7 @@ use crate::discovery::{Endpoint, ModelMatch};
 use crate::events::{weighted_blocks, SourceState};
 use crate::health::Admission;
 use crate::index::PrefixMatch;
-use crate::load::{EngineSignal, LoadSnapshot, Stamp};
+use crate::load::{EngineSignal, Stamp};
 use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
 use crate::request::ParsedRequest;
@@ -110,12 +110,21 @@ impl Plan {
     }
 }
 
-/// The policy's view of the router's own counts.
-fn router_load(s: LoadSnapshot) -> RouterLoad {
+/// The policy's view of the router's own counts on `ep`: the head's prefill progress only when
+/// the cost model counts it (reading it takes a lock per candidate).
+fn router_load(ep: &Endpoint, config: &Config) -> RouterLoad {
+    let s = ep.load.snapshot();
+    let prefill_head_elapsed_us = if config.policy.predicted_ttft.prefill_progress {
+        // Finite and >= 0; `as` saturates.
+        (ep.load.prefill_head_elapsed_ms() * 1e3) as u64
+    } else {
+        0
+    };
     RouterLoad {
         in_flight_requests: s.in_flight_requests,
         in_flight_prefill_tokens: s.in_flight_prefill_tokens,
         in_flight_prefilling: s.in_flight_prefilling,
+        prefill_head_elapsed_us,
     }
 }
 
@@ -185,7 +194,7 @@ pub(super) fn load_view(
     CandidateView {
         address: ep.address,
         weight: ep.weight,
-        load: router_load(ep.load.snapshot()),
+        load: router_load(ep, config),
         max_in_flight: ep.max_in_flight,
         matched_tokens: 0,
         confirmed_tokens: 0,
@@ -382,7 +391,7 @@ pub(crate) fn plan(
         candidates.push(CandidateView {
             address: ep.address,
             weight: ep.weight,
-            load: router_load(ep.load.snapshot()),
+            load: router_load(ep, config),
             max_in_flight: ep.max_in_flight,
             // Blocks the engine holds only offloaded (CPU) count partly: they must be copied
             // back before use.

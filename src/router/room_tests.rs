@@ -386,3 +386,57 @@ async fn the_prefill_left_counts_down_from_the_heads_start() {
     assert_eq!(free(&lead), 2, "30 ms left on the first");
     drop((a, b, c));
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_prefill_progress_the_policy_sees_which_head_frees_first_and_the_room_does_not() {
+    // The first endpoint has prefilled its 2000-token prompt (200 ms) for 150 ms; the second
+    // has just begun one of 1200 tokens (120 ms).
+    let decide = |r: &Router| {
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "word ".repeat(1600)}]})
+            .to_string();
+        let req = request::parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
+        let ctx = RouteContext {
+            subset: None,
+            tenant: None,
+            request_id: "",
+            objective: None,
+        };
+        let d = r.decide(&r.snapshot(), &req, ctx).unwrap();
+        let elapsed: Vec<u64> = d
+            .plan
+            .candidates
+            .iter()
+            .map(|c| c.load.prefill_head_elapsed_us)
+            .collect();
+        (d.primary().address.port(), elapsed)
+    };
+    for progress in [false, true] {
+        let r = router(&format!(
+            "policy: {{name: predicted-ttft, predicted_ttft: {{prefill_progress: {progress}}}}}\n"
+        ));
+        let a = endpoint(&r, 0).load.begin(2000);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let b = endpoint(&r, 1).load.begin(1200);
+        // The room counts the prompt in prefill in full either way (before the decision adds
+        // its own prompt): 50 ms left would fit the 100 ms budget, a whole prompt does not.
+        let room = room_of(&r);
+        assert_eq!(
+            room.room("m", &limits(RoomMode::Predicted), &PROMPT)
+                .free_requests,
+            0,
+            "progress {progress}"
+        );
+        let (port, elapsed) = decide(&r);
+        if progress {
+            assert_eq!(elapsed, [150_000, 0]);
+            assert_eq!(port, 8001, "50 ms left there against 120 ms");
+        } else {
+            assert_eq!(elapsed, [0, 0]);
+            assert_eq!(
+                port, 8002,
+                "the prompt ahead counted in full: 200 ms against 120 ms"
+            );
+        }
+        drop((a, b));
+    }
+}
