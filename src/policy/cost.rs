@@ -370,14 +370,7 @@ mod tests {
 
     #[test]
     fn the_head_prompts_progress_shortens_the_wait_it_is_given() {
-        let model = CostModel {
-            base_ms: 0.0,
-            running_request_ms: 0.0,
-            waiting_request_ms: 0.0,
-            externality_weight: 0.0,
-            eviction_weight: 0.0,
-            offload_pricing: OffloadPricing::LoadTime,
-        };
+        let model = pricing(OffloadPricing::LoadTime);
         // Two endpoints each prefilling one 2000-token prompt at 10k tokens/s (200 ms); one has
         // run it for 150 ms. Without the progress (0, as the view carries it by default) they
         // look alike; with it the one nearly done waits 50 ms.

@@ -42,6 +42,14 @@ fn limits(mode: RoomMode) -> RoomConfig {
     }
 }
 
+/// A decision with no subset, tenant, request id or objective.
+const NO_CONTEXT: RouteContext<'static> = RouteContext {
+    subset: None,
+    tenant: None,
+    request_id: "",
+    objective: None,
+};
+
 const PROMPT: Ask = Ask {
     tokens: 2000,
     ttft_target_ms: None,
@@ -192,13 +200,7 @@ async fn closed_loop(r: Arc<Router>, trip: Duration) -> Engines {
                 Err(shed) => return engines.lock().shed.push(shed),
             };
             let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
-            let ctx = RouteContext {
-                subset: None,
-                tenant: None,
-                request_id: "",
-                objective: None,
-            };
-            let d = r.decide(&r.snapshot(), &req, ctx).unwrap();
+            let d = r.decide(&r.snapshot(), &req, NO_CONTEXT).unwrap();
             let i = usize::from(d.primary().address.port() == 8002);
             engines.lock().queues[i].push_back(Job {
                 arrived,
@@ -395,13 +397,7 @@ async fn with_prefill_progress_the_policy_sees_which_head_frees_first_and_the_ro
         let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "word ".repeat(1600)}]})
             .to_string();
         let req = request::parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
-        let ctx = RouteContext {
-            subset: None,
-            tenant: None,
-            request_id: "",
-            objective: None,
-        };
-        let d = r.decide(&r.snapshot(), &req, ctx).unwrap();
+        let d = r.decide(&r.snapshot(), &req, NO_CONTEXT).unwrap();
         let elapsed: Vec<u64> = d
             .plan
             .candidates
