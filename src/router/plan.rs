@@ -110,11 +110,11 @@ impl Plan {
     }
 }
 
-/// The policy's view of the router's own counts on `ep`: the head's prefill progress only when
-/// the cost model counts it (reading it takes a lock per candidate).
-fn router_load(ep: &Endpoint, config: &Config) -> RouterLoad {
+/// The policy's view of the router's own counts on `ep`; the head's prefill progress only with
+/// `progress` (reading it takes a lock).
+fn router_load(ep: &Endpoint, progress: bool) -> RouterLoad {
     let s = ep.load.snapshot();
-    let prefill_head_elapsed_us = if config.policy.predicted_ttft.prefill_progress {
+    let prefill_head_elapsed_us = if progress {
         // Finite and >= 0; `as` saturates.
         (ep.load.prefill_head_elapsed_ms() * 1e3) as u64
     } else {
@@ -184,7 +184,10 @@ pub(super) fn prefill_speed(
     }
 }
 
-/// The policy's view of `ep`'s load at `now`, for a request with nothing cached there.
+/// The policy's view of `ep`'s load at `now`, for a request with nothing cached there, as the
+/// flow controller's room judges it: the prompt in prefill counted in full whatever
+/// `prefill_progress` says (the room sees the head's progress only through its own
+/// `dispatch_lead_ms`).
 pub(super) fn load_view(
     ep: &Endpoint,
     config: &Config,
@@ -194,7 +197,7 @@ pub(super) fn load_view(
     CandidateView {
         address: ep.address,
         weight: ep.weight,
-        load: router_load(ep, config),
+        load: router_load(ep, false),
         max_in_flight: ep.max_in_flight,
         matched_tokens: 0,
         confirmed_tokens: 0,
@@ -391,7 +394,7 @@ pub(crate) fn plan(
         candidates.push(CandidateView {
             address: ep.address,
             weight: ep.weight,
-            load: router_load(ep, config),
+            load: router_load(ep, config.policy.predicted_ttft.prefill_progress),
             max_in_flight: ep.max_in_flight,
             // Blocks the engine holds only offloaded (CPU) count partly: they must be copied
             // back before use.

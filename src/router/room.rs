@@ -70,10 +70,7 @@ fn wait_of(
     ask: &Ask,
     now: tokio::time::Instant,
 ) -> EndpointWait {
-    let mut view = load_view(ep, config, now);
-    // The room counts the prompt in prefill in full whatever the policy does (`prefill_left_ms`
-    // below, with `dispatch_lead_ms`, is its own way of seeing the head's progress).
-    view.load.prefill_head_elapsed_us = 0;
+    let view = load_view(ep, config, now);
     let load = ep.load.snapshot();
     let typical = if load.requests_total == 0 {
         ask.tokens
