@@ -156,7 +156,9 @@ fn skip_value(b: &[u8], i: usize) -> Option<usize> {
 }
 
 /// Finds where the salt goes. Keys are compared after JSON unescaping, so `"cache\u005fsalt"`
-/// is found too (serde reads it as `cache_salt`, and so does the engine).
+/// is found too (serde reads it as `cache_salt`, and so does the engine). The whole object is
+/// read: a second `cache_salt` member (the engine reads the last) is `None`, unsaltable, never
+/// a salt written over the first while the client's own goes out after it.
 fn locate(b: &[u8]) -> Option<Site> {
     let open = skip_ws(b, 0);
     if b.get(open) != Some(&b'{') {
@@ -169,6 +171,7 @@ fn locate(b: &[u8]) -> Option<Site> {
             empty: true,
         });
     }
+    let mut found = None;
     loop {
         if b.get(i) != Some(&b'"') {
             return None;
@@ -185,6 +188,9 @@ fn locate(b: &[u8]) -> Option<Site> {
         i = skip_ws(b, i + 1);
         let value_end = skip_value(b, i)?;
         if is_salt {
+            if found.is_some() {
+                return None;
+            }
             let raw = &b[i..value_end];
             let client = if raw == b"null" {
                 None
@@ -193,18 +199,21 @@ fn locate(b: &[u8]) -> Option<Site> {
             } else {
                 return None;
             };
-            return Some(Site::Replace(Found {
+            found = Some(Found {
                 value: i..value_end,
                 client,
-            }));
+            });
         }
         i = skip_ws(b, value_end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
             Some(b'}') => {
-                return Some(Site::Insert {
-                    at: open + 1,
-                    empty: false,
+                return Some(match found {
+                    Some(found) => Site::Replace(found),
+                    None => Site::Insert {
+                        at: open + 1,
+                        empty: false,
+                    },
                 })
             }
             _ => return None,
@@ -274,6 +283,9 @@ mod tests {
             r#"{"a" 1}"#,
             "",
             r#"{"a":1"#,
+            // Twice (the engine reads the last): salting the first would send the client's own.
+            r#"{"cache_salt":null,"model":"m","cache_salt":"chosen"}"#,
+            r#"{"cache_salt":"a","cache\u005fsalt":"b"}"#,
         ] {
             let mut bytes = body.as_bytes().to_vec();
             assert!(!salt_body(&mut bytes, &mut [], |_| "S".into()), "{body}");

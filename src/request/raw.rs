@@ -122,6 +122,32 @@ impl<'de> DeserializeSeed<'de> for Duplicate {
     }
 }
 
+/// The fields read so far. A field read as `null` is left unset, so `is_some` would let a
+/// second occurrence through: `{"cache_salt":null,"cache_salt":"x"}` would parse with the salt
+/// `x`, and a salt written over the first key would leave the engine (which reads the last)
+/// the client's own. Any second occurrence is a duplicate.
+#[derive(Default)]
+struct Seen(u16);
+
+impl Seen {
+    const MODEL: u32 = 0;
+    const STREAM: u32 = 1;
+    const MAX_TOKENS: u32 = 2;
+    const MAX_COMPLETION_TOKENS: u32 = 3;
+    const CACHE_SALT: u32 = 4;
+    const MESSAGES: u32 = 5;
+    const PROMPT: u32 = 6;
+    const INPUT: u32 = 7;
+
+    /// Marks field `n` read; true when it was read before.
+    fn again(&mut self, n: u32) -> bool {
+        let bit = 1u16 << n;
+        let before = self.0 & bit != 0;
+        self.0 |= bit;
+        before
+    }
+}
+
 impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
     type Value = RawRequest<'de>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -129,29 +155,30 @@ impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut raw = RawRequest::default();
+        let mut seen = Seen::default();
         let api = self.api;
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match key.0.as_ref() {
                 "model" => {
-                    if raw.model.is_some() {
+                    if seen.again(Seen::MODEL) {
                         return map.next_value_seed(Duplicate("model")).map(|()| raw);
                     }
                     raw.model = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0);
                 }
                 "stream" => {
-                    if raw.stream.is_some() {
+                    if seen.again(Seen::STREAM) {
                         return map.next_value_seed(Duplicate("stream")).map(|()| raw);
                     }
                     raw.stream = map.next_value::<Option<Flag>>()?.map(|f| f.0);
                 }
                 "max_tokens" => {
-                    if raw.max_tokens.is_some() {
+                    if seen.again(Seen::MAX_TOKENS) {
                         return map.next_value_seed(Duplicate("max_tokens")).map(|()| raw);
                     }
                     raw.max_tokens = map.next_value::<Option<Count>>()?.map(|c| c.0);
                 }
                 "max_completion_tokens" => {
-                    if raw.max_completion_tokens.is_some() {
+                    if seen.again(Seen::MAX_COMPLETION_TOKENS) {
                         return map
                             .next_value_seed(Duplicate("max_completion_tokens"))
                             .map(|()| raw);
@@ -159,25 +186,25 @@ impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
                     raw.max_completion_tokens = map.next_value::<Option<Count>>()?.map(|c| c.0);
                 }
                 "cache_salt" => {
-                    if raw.cache_salt.is_some() {
+                    if seen.again(Seen::CACHE_SALT) {
                         return map.next_value_seed(Duplicate("cache_salt")).map(|()| raw);
                     }
                     raw.cache_salt = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0);
                 }
                 "messages" if api == ApiKind::ChatCompletions => {
-                    if raw.messages.is_some() {
+                    if seen.again(Seen::MESSAGES) {
                         return map.next_value_seed(Duplicate("messages")).map(|()| raw);
                     }
                     raw.messages = map.next_value_seed(Nullable(MessagesSeed(self.budget)))?;
                 }
                 "prompt" if api == ApiKind::Completions => {
-                    if raw.prompt.is_some() {
+                    if seen.again(Seen::PROMPT) {
                         return map.next_value_seed(Duplicate("prompt")).map(|()| raw);
                     }
                     raw.prompt = map.next_value()?;
                 }
                 "input" if api == ApiKind::Embeddings => {
-                    if raw.input.is_some() {
+                    if seen.again(Seen::INPUT) {
                         return map.next_value_seed(Duplicate("input")).map(|()| raw);
                     }
                     raw.input = map.next_value()?;

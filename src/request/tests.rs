@@ -402,3 +402,28 @@ fn limits_reject_oversized_conversations_with_413() {
     .is_ok());
     assert_eq!(chat("{\"model\":\"m\"}").unwrap_err().http_status(), 400);
 }
+
+#[test]
+fn a_field_given_twice_is_refused_even_when_the_first_is_null() {
+    // The engine reads the last of duplicate keys (Python's json); a router reading the first
+    // would decide on, and salt, a different request than the engine serves.
+    for body in [
+        r#"{"model":"m","cache_salt":null,"cache_salt":"chosen","messages":[]}"#,
+        r#"{"model":"m","cache_salt":"a","cache_salt":"b","messages":[]}"#,
+        r#"{"model":null,"model":"m","messages":[]}"#,
+        r#"{"model":"m","stream":null,"stream":true,"messages":[]}"#,
+        r#"{"model":"m","max_tokens":null,"max_tokens":5,"messages":[]}"#,
+        r#"{"model":"m","messages":null,"messages":[{"role":"user","content":"x"}]}"#,
+    ] {
+        match chat(body) {
+            Err(RequestError::Invalid { message, .. }) => {
+                assert!(message.contains("duplicate"), "{body}: {message}")
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    // Once each, `null` included, is fine.
+    let req = chat(r#"{"model":"m","cache_salt":null,"messages":[{"role":"user","content":"x"}]}"#)
+        .unwrap();
+    assert_eq!(req.cache_salt, None);
+}
