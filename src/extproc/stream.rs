@@ -481,7 +481,9 @@ impl Stream {
         if !b.body.is_empty() || full_duplex {
             pending.chunks.push(b.body);
         }
-        if b.end_of_stream {
+        // BUFFERED sends the whole body in one message, without end of stream only when
+        // trailers follow it (over Envoy's buffer limit Envoy answers 413 itself): it is whole.
+        if b.end_of_stream || self.request_mode == BodySendMode::Buffered {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
             };
@@ -495,7 +497,8 @@ impl Stream {
         if full_duplex {
             Vec::new()
         } else {
-            // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed.
+            // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed
+            // (or trailers follow it, which this mode does not tell apart).
             self.reject(Rejection::too_large(limit), retry_after)
         }
     }

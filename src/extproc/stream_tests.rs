@@ -259,6 +259,41 @@ async fn buffered_routes_in_the_body_response() {
     );
 }
 
+#[tokio::test]
+async fn a_buffered_body_followed_by_trailers_is_routed_not_refused() {
+    // Envoy's ext_proc sends a BUFFERED body without end of stream when the request has
+    // trailers (its `decodeTrailers` hands over the buffered body then).
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(request_headers(
+        BodySendMode::Buffered,
+        "/v1/chat/completions",
+        false,
+    ))
+    .await;
+    let r = s.on_message(request_body(CHAT.as_bytes(), false)).await;
+    assert_eq!(r.len(), 1);
+    assert_eq!(immediate_status(&r[0]), None, "not refused: {r:?}");
+    assert!(destination(&r[0]).is_some(), "routed: {r:?}");
+    let r = s
+        .on_message(ProcessingRequest {
+            request: Some(Request::RequestTrailers(HttpTrailers::default())),
+            ..Default::default()
+        })
+        .await;
+    assert!(
+        matches!(
+            r[..],
+            [ProcessingResponse {
+                response: Some(Response::RequestTrailers(_)),
+                ..
+            }]
+        ),
+        "{r:?}"
+    );
+    assert_eq!(s.outcome(), Outcome::Routed);
+}
+
 /// Whether a routing reply marks its request for the observer filter.
 fn marks_for_observer(r: &ProcessingResponse) -> bool {
     let common = match r.response.as_ref() {
