@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::metrics::FlowMetrics;
 use super::queue::{Entry, FlowDepth, ModelQueue, Removal};
-use super::{Ask, Labels, RoomSource, Shed, ShedReason};
+use super::{Ask, Labels, Room, RoomSource, Shed, ShedReason};
 use crate::config::{FlowControlConfig, QueueOrdering};
 
 /// A waiter's side of the queue: where its permit (or refusal) is sent, when it arrived, and when
@@ -157,18 +157,22 @@ impl Drop for Waiting<'_> {
 impl FlowController {
     /// [`Self::admit`] for a request whose body is `body`: its model read from the body (only
     /// when flow control is on), its estimated tokens from the body's size. Bodyless requests
-    /// pass at once.
-    pub async fn admit_request(
-        self: &Arc<Self>,
-        labels: &Labels,
+    /// pass at once. The body is read here, before the wait, and the future does not hold it:
+    /// a full-duplex body's joined copy is freed, not kept uncounted while the request queues.
+    pub fn admit_request<'a>(
+        self: &'a Arc<Self>,
+        labels: &'a Labels,
         body: &[u8],
-    ) -> Result<Permit, Shed> {
+    ) -> impl std::future::Future<Output = Result<Permit, Shed>> + 'a {
         // A bodyless request (`GET /v1/models`, a health check) asks no engine for anything.
-        if body.is_empty() || !self.enabled() {
-            return Ok(Permit::unlimited());
+        let ask = (!body.is_empty() && self.enabled())
+            .then(|| (super::sniff_model(body).unwrap_or_default(), body.len()));
+        async move {
+            match ask {
+                None => Ok(Permit::unlimited()),
+                Some((model, len)) => self.admit(&model, labels, len).await,
+            }
         }
-        let model = super::sniff_model(body).unwrap_or_default();
-        self.admit(&model, labels, body.len()).await
     }
 
     /// A controller reading room from `room`, configured by `config`.
@@ -235,36 +239,54 @@ impl FlowController {
         let mut displaced = Vec::new();
         {
             let mut models = self.models.lock();
-            let state = models.entry(model.to_string()).or_default();
             let ask = Ask {
                 tokens,
                 ttft_target_ms: labels.ttft_target_ms,
             };
+            // A model no candidate serves (whatever name a client sends) gets no state and no
+            // series of its own, and is not queued: routing answers it at once (404 or 503).
+            let mut room = None;
+            if !models.contains_key(model) {
+                let now = self.room.room(model, &config.room, &ask);
+                if now.candidates == 0 {
+                    return Ok(Permit::unlimited());
+                }
+                room = Some(now);
+            }
+            let state = models.entry(model.to_string()).or_default();
             if state.queue.is_empty() {
-                if let Some(permit) = self.try_reserve(model, state, &config, ask, since) {
+                if let Some(permit) = self.try_reserve(model, state, &config, ask, since, room) {
                     drop(models);
                     self.metrics
                         .admitted(model, labels.priority, &labels.flow, Duration::ZERO);
                     return Ok(permit);
                 }
             }
-            while state.queue.len() >= config.max_queue_requests
-                || state.queue.bytes() + bytes > config.max_queue_bytes
+            let fits_in = |len: usize, queued: u64| {
+                len < config.max_queue_requests && queued + bytes <= config.max_queue_bytes
+            };
+            // Displace only if that makes room: a newcomer refused anyway (one longer than the
+            // byte bound, or with too little below it to displace) turns nobody away.
+            if !fits_in(state.queue.len(), state.queue.bytes())
+                && state
+                    .queue
+                    .can_make_room(labels.priority, &labels.flow, tokens, fits_in)
             {
-                // A lower band's newest first; else, within the newcomer's band, the request of
-                // a flow over its share that the fair order would serve last.
-                let victim = state.queue.evict_below(labels.priority).or_else(|| {
-                    state
-                        .queue
-                        .evict_over_share(labels.priority, &labels.flow, tokens)
-                });
-                match victim {
-                    Some(victim) => displaced.push(victim),
-                    None => break,
+                while !fits_in(state.queue.len(), state.queue.bytes()) {
+                    // A lower band's newest first; else, within the newcomer's band, the
+                    // request of a flow over its share that the fair order would serve last.
+                    let victim = state.queue.evict_below(labels.priority).or_else(|| {
+                        state
+                            .queue
+                            .evict_over_share(labels.priority, &labels.flow, tokens)
+                    });
+                    match victim {
+                        Some(victim) => displaced.push(victim),
+                        None => break,
+                    }
                 }
             }
-            let fits = state.queue.len() < config.max_queue_requests
-                && state.queue.bytes() + bytes <= config.max_queue_bytes;
+            let fits = fits_in(state.queue.len(), state.queue.bytes());
             if fits {
                 state.queue.push(Entry {
                     id,
@@ -342,7 +364,7 @@ impl FlowController {
     }
 
     /// A permit for `ask` if `model`'s candidates have room beyond what is reserved (or there
-    /// are no candidates: routing answers the request then).
+    /// are no candidates: routing answers the request then); `room`, if the caller just read it.
     fn try_reserve(
         &self,
         model: &str,
@@ -350,9 +372,10 @@ impl FlowController {
         config: &FlowControlConfig,
         ask: Ask,
         since: Instant,
+        room: Option<Room>,
     ) -> Option<Permit> {
         let tokens = ask.tokens;
-        let room = self.room.room(model, &config.room, &ask);
+        let room = room.unwrap_or_else(|| self.room.room(model, &config.room, &ask));
         let reserved = &state.reserved;
         if room.candidates > 0
             && (room.free_prefill_tokens <= reserved.tokens.load(Ordering::Relaxed)
@@ -390,7 +413,8 @@ impl FlowController {
                 tokens: head.tokens,
                 ttft_target_ms: head.payload.ttft_target_ms,
             };
-            let Some(permit) = self.try_reserve(model, state, config, ask, head.payload.since)
+            let Some(permit) =
+                self.try_reserve(model, state, config, ask, head.payload.since, None)
             else {
                 return;
             };

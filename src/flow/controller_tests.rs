@@ -339,6 +339,51 @@ async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold()
     }
 }
 
+#[tokio::test(start_paused = true)]
+async fn model_names_no_candidate_serves_leave_no_state_or_series() {
+    // Any string a client sends as `model`: none may grow the controller's map, `/debug/flow`
+    // or `/metrics`.
+    let config = FlowControlConfig {
+        enabled: true,
+        ..FlowControlConfig::default()
+    };
+    let none = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0)),
+        &config,
+    ));
+    for i in 0..200 {
+        let permit = none
+            .admit(&format!("made-up-{i}"), &labels(0, "a"), 40)
+            .await;
+        assert!(permit.is_ok(), "routing answers it");
+    }
+    assert_eq!(none.status().len(), 0, "no model kept");
+    assert!(!none.metrics_text().contains("made-up"), "no series");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_that_cannot_fit_displaces_nobody() {
+    let (c, _free) = controller("{max_queue_bytes: 100, max_wait_ms: 60000}");
+    let sheddable = spawn_admit(&c, labels(-1, "a"), 30);
+    until(|| queued(&c) == 1).await;
+    let _normal = spawn_admit(&c, labels(0, "b"), 60);
+    until(|| queued(&c) == 2).await;
+    // 60 + 50 > 100 even with the sheddable one gone, and flow b is the newcomer's own.
+    let refused = c.admit("m", &labels(0, "b"), 50).await.unwrap_err();
+    assert_eq!(refused.reason, ShedReason::QueueFull);
+    // Longer than the bound itself: nothing could ever make room.
+    let refused = c.admit("m", &labels(1, "c"), 101).await.unwrap_err();
+    assert_eq!(refused.reason, ShedReason::QueueFull);
+    tokio::task::yield_now().await;
+    assert!(!sheddable.is_finished(), "displaced for nothing");
+    assert_eq!(queued(&c), 2);
+    // Where displacing does make room, it still happens.
+    let _critical = spawn_admit(&c, labels(1, "c"), 40);
+    let shed = sheddable.await.unwrap().unwrap_err();
+    assert_eq!(shed.reason, ShedReason::Displaced);
+    until(|| queued(&c) == 2).await;
+}
+
 type Tally = HashMap<&'static str, usize>;
 
 /// 10 rounds of 600 ms in one band, room for one request (100 tokens) 250 ms into each; the

@@ -341,6 +341,83 @@ impl<T> ModelQueue<T> {
         self.remove(priority, &victim, id, Removal::Lost)
     }
 
+    /// Whether what a full queue turns away for a newcomer of `priority`, `flow` and `tokens`
+    /// (every entry below `priority`, as [`Self::evict_below`] takes them, then what
+    /// [`Self::evict_over_share`] takes, one at a time) would ever leave room for it:
+    /// `fits(len, bytes)` of the queue left. Nothing is removed: asked first, so a newcomer
+    /// refused anyway displaces nobody.
+    pub(crate) fn can_make_room(
+        &self,
+        priority: i32,
+        flow: &str,
+        tokens: u64,
+        fits: impl Fn(usize, u64) -> bool,
+    ) -> bool {
+        let (mut len, mut bytes) = (self.len, self.bytes);
+        for band in self.bands.range(..priority).map(|(_, b)| b) {
+            for entry in band.flows.values().flat_map(|f| f.entries.values()) {
+                len -= 1;
+                bytes -= entry.bytes;
+            }
+        }
+        if fits(len, bytes) {
+            return true;
+        }
+        let Some(band) = self.bands.get(&priority) else {
+            return false;
+        };
+        // The other flows as `evict_over_share` sees them, in the map's order (its choice among
+        // equals): the counter, where the flow ends, its entries in the fair order (the last
+        // served at the back).
+        let mut others: Vec<(u64, u64, Vec<&Entry<T>>)> = band
+            .flows
+            .iter()
+            .filter(|(name, _)| name.as_ref() != flow)
+            .map(|(_, f)| {
+                (
+                    f.counter,
+                    f.counter + f.queued_tokens,
+                    f.entries.values().collect(),
+                )
+            })
+            .collect();
+        let own = band.flows.get(flow).map(|f| f.counter + f.queued_tokens);
+        loop {
+            let newcomer_ends = own.unwrap_or_else(|| {
+                // `start_of` over the flows still active.
+                let level = others
+                    .iter()
+                    .filter(|o| !o.2.is_empty())
+                    .map(|o| o.0)
+                    .min()
+                    .unwrap_or(band.vtime);
+                match band.remembered.get(flow) {
+                    Some(m) => level.saturating_sub(m.owed).max(m.counter),
+                    None => level,
+                }
+            }) + tokens.max(1);
+            let Some(victim) = others
+                .iter_mut()
+                .filter(|o| !o.2.is_empty())
+                .max_by_key(|o| o.1)
+            else {
+                return false;
+            };
+            if victim.1 <= newcomer_ends {
+                return false;
+            }
+            let Some(entry) = victim.2.pop() else {
+                return false;
+            };
+            victim.1 -= entry.tokens.max(1);
+            len -= 1;
+            bytes -= entry.bytes;
+            if fits(len, bytes) {
+                return true;
+            }
+        }
+    }
+
     /// Depth per (priority, flow), highest priority first.
     pub(crate) fn depths(&self) -> Vec<FlowDepth> {
         let mut out = Vec::new();
@@ -698,5 +775,50 @@ mod tests {
         let depths = q.depths();
         assert_eq!(depths.len(), 1);
         assert_eq!((depths[0].priority, depths[0].requests), (0, 1));
+    }
+
+    proptest::proptest! {
+        /// `can_make_room` answers what the controller's displacement loop then does, on
+        /// queues shaped by pushes, dispatches and removals in three bands of three flows.
+        #[test]
+        fn can_make_room_foretells_the_displacement_loop(
+            ops in proptest::collection::vec((0u8..4, -1i32..=1, 0usize..3, 1u64..400), 0..40),
+            newcomer in (-1i32..=1, 0usize..4, 1u64..400),
+            max_len in 1usize..30,
+            max_bytes in 100u64..4000,
+        ) {
+            let flows = ["a", "b", "c", "d"];
+            let mut q = ModelQueue::default();
+            for (id, &(op, priority, flow, tokens)) in ops.iter().enumerate() {
+                match op {
+                    0 => {
+                        q.pop();
+                    }
+                    1 => {
+                        // A removal of the newest queued entry of that flow, lost or cancelled.
+                        let newest = q.bands.get(&priority).and_then(|b| b.flows.get(flows[flow]))
+                            .and_then(|f| f.entries.values().map(|e| e.id).max());
+                        if let Some(newest) = newest {
+                            let why = if tokens % 2 == 0 { Removal::Lost } else { Removal::Cancelled };
+                            q.remove(priority, flows[flow], newest, why);
+                        }
+                    }
+                    _ => q.push(entry(id as u64, priority, flows[flow], tokens)),
+                }
+            }
+            let (priority, flow, tokens) = (newcomer.0, flows[newcomer.1], newcomer.2);
+            let bytes = tokens * 4;
+            let fits = |len: usize, queued: u64| len < max_len && queued + bytes <= max_bytes;
+            let foretold = q.can_make_room(priority, flow, tokens, fits);
+            while !fits(q.len(), q.bytes()) {
+                let victim = q
+                    .evict_below(priority)
+                    .or_else(|| q.evict_over_share(priority, flow, tokens));
+                if victim.is_none() {
+                    break;
+                }
+            }
+            proptest::prop_assert_eq!(foretold, fits(q.len(), q.bytes()));
+        }
     }
 }
