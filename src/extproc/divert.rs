@@ -140,15 +140,39 @@ const FLOW_ACTIVE: Duration = Duration::from_millis(250);
 /// Most tenants with a share of their own at once; more share the rate without one.
 const MAX_FLOWS: usize = 1024;
 
-/// A stream's trusted tenant, set once its headers are read (`None` until then, and without
-/// tenancy): whose share of the [`Pace`] its long bodies take.
+/// What a stream tells the [`Divert`] reading its frames: its trusted tenant, set once its
+/// headers are read (`None` until then, and without tenancy: whose share of the [`Pace`] its
+/// long bodies take), and whether its request has been read.
 #[derive(Debug, Clone, Default)]
-pub struct PaceFlow(Arc<std::sync::OnceLock<Arc<str>>>);
+pub struct PaceFlow(Arc<FlowState>);
+
+#[derive(Debug, Default)]
+struct FlowState {
+    tenant: std::sync::OnceLock<Arc<str>>,
+    request_read: std::sync::atomic::AtomicBool,
+}
 
 impl PaceFlow {
     /// The stream's tenant is `tenant` from now on (the first call wins).
     pub fn set(&self, tenant: &str) {
-        let _ = self.0.set(Arc::from(tenant));
+        let _ = self.0.tenant.set(Arc::from(tenant));
+    }
+
+    /// The stream's request has been read (decided, or its response has begun): what comes
+    /// next is the engine's response (an observer's body chunks), which is neither paced,
+    /// refused nor diverted. A long response chunk (an embeddings answer) charged to the
+    /// clients' pace would wait behind a flood of long request bodies, and, refused, end the
+    /// stream that reports the request's first byte.
+    pub fn request_read(&self) {
+        self.0.request_read.store(true, Ordering::Relaxed);
+    }
+
+    fn tenant(&self) -> Option<&Arc<str>> {
+        self.0.tenant.get()
+    }
+
+    fn is_request_read(&self) -> bool {
+        self.0.request_read.load(Ordering::Relaxed)
     }
 }
 
@@ -332,7 +356,7 @@ impl<B> Divert<B> {
         // received whether or not it is read: it counts against the rate too.
         if let (State::Collect { left, .. }, Some(pace)) = (&self.state, &self.pace) {
             let unread = (*left).min(super::STREAM_WINDOW_BYTES as usize);
-            pace.charge(unread, self.flow.0.get());
+            pace.charge(unread, self.flow.tenant());
             pace.refused.inc();
         }
         self.state = State::Header {
@@ -367,7 +391,7 @@ impl<B> Divert<B> {
                     self.seen += 1;
                     // A compressed long message is left to tonic, which refuses it (kvrouter
                     // accepts no compression), as it would without this wrapper.
-                    if header[0] == 0 && len > self.raw_above {
+                    if header[0] == 0 && len > self.raw_above && !self.flow.is_request_read() {
                         if len > self.max_message_bytes {
                             return Err(Status::out_of_range(format!(
                                 "Error, decoded message length too large: found {len} bytes, \
@@ -488,7 +512,7 @@ where
                         if let Some(until) = this
                             .pace
                             .as_ref()
-                            .and_then(|p| p.charge(long, this.flow.0.get()))
+                            .and_then(|p| p.charge(long, this.flow.tenant()))
                         {
                             let now = tokio::time::Instant::now();
                             let collecting = matches!(this.state, State::Collect { .. });
@@ -785,6 +809,46 @@ mod tests {
             if served {
                 assert_eq!(queue[0].1.remaining(), largest);
                 assert!(took <= max_wait, "took {took:?}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_request_is_read_long_messages_pass_unpaced_and_unrefused() {
+        // An observer's long response chunk after a flood emptied the pace: refused before its
+        // stream says the request is read, passed to tonic whole and at once after.
+        let mib = 1usize << 20;
+        let wire = framed(8 * mib, b'r');
+        for read in [false, true] {
+            let pace = Arc::new(Pace::new(0));
+            pace.set(1 << 20, MIN_HEAVY_BURST_BYTES);
+            // Someone else's long bodies took the burst and more.
+            pace.charge(16 * mib, None);
+            let flow = PaceFlow::default();
+            if read {
+                flow.request_read();
+            }
+            let diverted = Diverted::default();
+            let body = Divert::new(
+                body_of(&wire, 16 << 10),
+                1024,
+                64 << 20,
+                Arc::clone(&diverted),
+            )
+            .paced(Arc::clone(&pace), flow, Duration::from_secs(1));
+            let started = tokio::time::Instant::now();
+            let passed = body.collect().await.unwrap().to_bytes();
+            let queue: Vec<_> = diverted.lock().drain(..).collect();
+            if read {
+                assert_eq!(passed.len(), wire.len(), "tonic reads it itself");
+                assert!(queue.is_empty(), "not diverted");
+                assert_eq!(started.elapsed(), Duration::ZERO, "not held");
+            } else {
+                assert_eq!(queue.len(), 1);
+                assert!(
+                    queue[0].1.is_refused(),
+                    "a request body waits its turn or is refused"
+                );
             }
         }
     }

@@ -283,6 +283,14 @@ impl Stream {
         self.reject(Rejection::long_bodies_busy(), retry_after_s)
     }
 
+    /// The request is read: the stream's later long messages (the response's) are read as any
+    /// other ([`super::divert::PaceFlow::request_read`]).
+    fn request_read(&self) {
+        if let Some(flow) = &self.pace_flow {
+            flow.request_read();
+        }
+    }
+
     /// The snapshot the request's body is handled under: the one its headers took, else the
     /// one in force now.
     fn state_in_force(&self) -> Arc<RouterState> {
@@ -329,6 +337,12 @@ impl Stream {
             self.metrics.record_anomaly();
             return Vec::new();
         };
+        if matches!(
+            request,
+            Request::ResponseHeaders(_) | Request::ResponseBody(_) | Request::ResponseTrailers(_)
+        ) {
+            self.request_read();
+        }
         let replies = match request {
             Request::RequestHeaders(h) => self.on_request_headers(h, &msg).await,
             Request::RequestBody(b) => self.on_request_body(b, &msg).await,
@@ -523,12 +537,14 @@ impl Stream {
         slot: Slot,
         trailers: bool,
     ) -> Vec<ProcessingResponse> {
+        self.request_read();
         // Flow control: wait here (cancellable: the stream dropping this future leaves the
         // queue) until a candidate has room; the permit is held until the decision commits.
         let admission = self.router.admission();
         let _permit = if admission.enabled() {
-            let body = pending.body();
-            match admission.admit_request(&pending.flow, &body).await {
+            // Read before the wait: a full-duplex body's joined copy is not held while queued.
+            let admitted = admission.admit_request(&pending.flow, &pending.body());
+            match admitted.await {
                 Ok(permit) => Some(permit),
                 Err(shed) => return self.reject(Rejection::from(shed), shed.retry_after_s),
             }
@@ -795,8 +811,8 @@ impl Stream {
             reason = %rejection.message,
             "rejected"
         );
-        self.phase = Phase::Finished;
-        self.outcome = Outcome::Immediate;
+        // A response being watched is released, not dropped with its claim.
+        self.finish(Outcome::Immediate);
         vec![rejection.into_response(retry_after_s)]
     }
 
