@@ -672,6 +672,33 @@ async fn observer_stream_cancelled_mid_response_releases() {
 }
 
 #[tokio::test]
+async fn a_rejection_while_the_response_is_watched_releases_it() {
+    // Whatever ends a watched response early (here a held long message refused, which the
+    // pace no longer does once the request is read) reports to the ticket: the in-flight
+    // count does not wait for the sweeper.
+    let f = Fixture::new();
+    f.observers_in_use();
+    let mut picker = f.stream();
+    picker
+        .on_message(request_headers(
+            BodySendMode::Buffered,
+            "/v1/chat/completions",
+            false,
+        ))
+        .await;
+    let (_, pick) =
+        destination(&picker.on_message(request_body(CHAT.as_bytes(), true)).await[0]).unwrap();
+    drop(picker);
+    let mut observer = f.stream();
+    observer
+        .on_message(response_headers("200", Some(forwarded(pick, None)), false))
+        .await;
+    assert_eq!(f.in_flight(), 1);
+    observer.refuse_held_body();
+    assert_eq!(f.in_flight(), 0, "released, not left to the sweeper");
+}
+
+#[tokio::test]
 async fn single_filter_picker_sees_its_own_response() {
     let f = Fixture::new();
     let mut s = f.stream();
