@@ -214,7 +214,12 @@ impl Applier {
                 // Its events are lost: as a gap, from here on.
                 self.counters.malformed += 1;
                 if let Some((seq, rank)) = seq.filter(|&(_, rank)| self.has_room_for(rank)) {
-                    self.set_expected(rank, seq + 1);
+                    // The payload, and with it the data-parallel rank, was unreadable: the
+                    // sequence is placed only on a stream that has shown no other rank (a
+                    // guessed rank 0 would be a phantom on a data-parallel engine).
+                    if self.expected.iter().all(|&(r, _)| r == rank) {
+                        self.set_expected(rank, seq.saturating_add(1));
+                    }
                 }
                 self.link = None;
                 self.lose(Reason::Malformed, index);
@@ -241,6 +246,11 @@ impl Applier {
     /// Whether `rank` has (or may get) an entry in the sequence table, which holds at most
     /// [`MAX_DP_RANKS`] ranks: the rank comes from the message, so the table must not grow on
     /// a publisher's word.
+    /// Whether events of `group_idx` (absent: 0) are the KV-cache group this applier follows.
+    pub(crate) fn follows_group(&self, group_idx: Option<u32>) -> bool {
+        group_idx.unwrap_or(0) == self.group_idx
+    }
+
     fn has_room_for(&self, rank: u32) -> bool {
         self.expected.len() < MAX_DP_RANKS || self.expected.iter().any(|&(r, _)| r == rank)
     }
@@ -316,10 +326,8 @@ impl Applier {
     fn apply(&mut self, event: &Event, index: &OwnershipIndex) {
         let ep = self.ep;
         let applied = match event {
-            Event::Stored(s) if s.group_idx.unwrap_or(0) == self.group_idx => {
-                self.blocks.store(s, ep, index)
-            }
-            Event::Removed(r) if r.group_idx.unwrap_or(0) == self.group_idx => {
+            Event::Stored(s) if self.follows_group(s.group_idx) => self.blocks.store(s, ep, index),
+            Event::Removed(r) if self.follows_group(r.group_idx) => {
                 self.blocks.remove(r, ep, index)
             }
             Event::Cleared { medium: None } => {
@@ -374,11 +382,15 @@ pub(crate) fn apply_and_publish(
     now_ms: u64,
 ) {
     if let Ok(m) = &message {
+        // The engine's block size, from the blocks of the group followed: not from an
+        // offloading connector's placeholder (size 0) or another KV-cache group's blocks.
         for e in &m.batch.events {
             if let Event::Stored(s) = e {
-                published
-                    .engine_block_size
-                    .store(s.block_size, std::sync::atomic::Ordering::Relaxed);
+                if s.block_size > 0 && applier.follows_group(s.group_idx) {
+                    published
+                        .engine_block_size
+                        .store(s.block_size, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
     }

@@ -142,6 +142,9 @@ impl EndpointEvents {
         if since == 0 || timeout_ms == 0 || now_ms < since.saturating_add(timeout_ms) {
             return None;
         }
-        (self.published.last_message_ms.load(Ordering::Acquire) < since).then_some(since)
+        // A message in the same ms as the expectation began came before it (a later one resets
+        // the expectation): `<=`, or a request recorded in the ms of the last message would
+        // turn silence detection off for good.
+        (self.published.last_message_ms.load(Ordering::Acquire) <= since).then_some(since)
     }
 }

@@ -290,6 +290,7 @@ impl KvEvents {
                     .iter()
                     .map(|e| (e.spec.topic.as_bytes().into(), Arc::clone(e)))
                     .collect(),
+                bound: matches!(attach, KvEventsAttach::Bind(_)),
             };
             if let Some(running) = sockets.get(&attach) {
                 let same_filter = matches!(attach, KvEventsAttach::Bind(_))

@@ -33,14 +33,22 @@ use super::state::Reason;
 #[derive(Debug, Default)]
 pub(crate) struct Routes {
     pub(crate) endpoints: Vec<(Box<[u8]>, Arc<EndpointEvents>)>,
+    /// A bound socket: any allowed publisher may be connected to it, not only the engine of
+    /// its one endpoint.
+    pub(crate) bound: bool,
 }
 
 impl Routes {
     /// The endpoint a message with `topic` belongs to: the one whose topic equals it or is
-    /// followed in it by `@`, the longest such; on a socket with one endpoint, that one.
+    /// followed in it by `@`, the longest such; on a connecting socket (one publisher, its
+    /// endpoint's engine) or a bound one whose one endpoint has no topic, that one. A bound
+    /// socket left with one endpoint by a reload or DNS still tells a removed engine's
+    /// publisher, connected before, by its topic.
     pub(crate) fn find(&self, topic: &[u8]) -> Option<&Arc<EndpointEvents>> {
-        if let [(_, only)] = &self.endpoints[..] {
-            return Some(only);
+        if let [(t, only)] = &self.endpoints[..] {
+            if !self.bound || t.is_empty() {
+                return Some(only);
+            }
         }
         self.endpoints
             .iter()
@@ -284,6 +292,7 @@ mod tests {
                 (b"kv@10.0.0.12"[..].into(), Arc::clone(&b)),
                 (b"kv@10.0.0.1@m"[..].into(), Arc::clone(&c)),
             ],
+            bound: true,
         };
         let port = |topic: &[u8]| routes.find(topic).map(|e| e.address().port());
         assert_eq!(port(b"kv@10.0.0.1"), Some(1));
@@ -293,11 +302,28 @@ mod tests {
         assert_eq!(port(b"kv@10.0.0.123"), None, "no match inside an address");
         assert_eq!(port(b""), None);
         let single = Routes {
-            endpoints: vec![(b"kv"[..].into(), a)],
+            endpoints: vec![(b"kv@10.0.0.1"[..].into(), a)],
+            bound: false,
         };
         assert!(
             single.find(b"anything").is_some(),
-            "a socket with one endpoint"
+            "a connecting socket with one endpoint"
         );
+        // A bound socket left with one endpoint: another engine's publisher, connected while
+        // its endpoint was in the set, is not taken for it.
+        let left = Routes {
+            bound: true,
+            ..single
+        };
+        assert_eq!(left.find(b"kv@10.0.0.7").map(|e| e.address().port()), None);
+        assert_eq!(
+            left.find(b"kv@10.0.0.1@rank1").map(|e| e.address().port()),
+            Some(1)
+        );
+        let topicless = Routes {
+            endpoints: vec![(b""[..].into(), c)],
+            bound: true,
+        };
+        assert!(topicless.find(b"anything").is_some(), "no topic: that one");
     }
 }

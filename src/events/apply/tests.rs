@@ -427,3 +427,29 @@ fn a_retired_stream_touches_the_index_no_more() {
     );
     assert_eq!(a.counters.messages, 2, "the late message was not applied");
 }
+
+#[test]
+fn an_unreadable_payload_places_its_sequence_only_on_a_single_rank_stream() {
+    let index = index();
+    // The last sequence a publisher can send: no overflow.
+    let mut a = applier(1 << 20);
+    a.on_message(Err((WireError::Frames(0), Some((u64::MAX, 0)))), &index);
+    assert_eq!(a.expected, vec![(0, u64::MAX)]);
+    // A data-parallel stream: the unreadable payload's rank is unknown, so no phantom rank 0.
+    let mut b = applier(1 << 20);
+    b.on_message(
+        Ok(Message {
+            topic: b"",
+            seq: 0,
+            batch: Batch {
+                ts_s: 0.0,
+                events: vec![],
+                dp_rank: Some(1),
+            },
+        }),
+        &index,
+    );
+    b.on_message(Err((WireError::Frames(0), Some((7, 0)))), &index);
+    assert_eq!(b.expected, vec![(1, 1)]);
+    assert_eq!(b.counters.malformed, 1);
+}

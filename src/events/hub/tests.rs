@@ -160,6 +160,45 @@ async fn silence_after_routed_work_withdraws_and_the_next_batch_restores() {
     assert_eq!(f.held(&ours(&b)).confirmed_blocks, 4);
 }
 
+#[tokio::test(start_paused = true)]
+async fn silence_is_seen_when_the_request_came_in_the_ms_of_the_last_batch() {
+    let mut f = Fixture::new(CONFIG).await;
+    let a: Vec<u32> = (0..64).collect();
+    f.store(&a, 16);
+    // No time passes: the request that should store blocks is recorded in the batch's ms.
+    let b: Vec<u32> = (100..164).collect();
+    f.events
+        .record_routed(f.ep, &ours(&b), 0, None, Duration::ZERO)
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    settle().await;
+    assert_eq!(
+        f.events.source_state(f.ep),
+        SourceState::Distrusted(Reason::Silent)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_engine_block_size_comes_from_real_blocks_not_offload_placeholders() {
+    let f = Fixture::new(CONFIG).await;
+    let stored = KvEvent::BlockStored {
+        block_hashes: vec![1],
+        parent_block_hash: None,
+        token_ids: (0..16).collect(),
+        block_size: 16,
+        lora_id: None,
+        lora_name: None,
+        extra_keys: vec![None],
+    };
+    let frames = [
+        Vec::new(),
+        0u64.to_be_bytes().to_vec(),
+        encode_batch(0.0, &[stored, KvEvent::offload_placeholder(vec![1])], 0),
+    ];
+    assert!(f.events.ingest(f.ep, &frames));
+    assert_eq!(f.events.status()[0].engine_block_size_tokens, 16);
+}
+
 /// Short prompts on a fresh engine (no batch yet): the engine stores nothing for a prompt under
 /// one of its blocks, so only a prompt of at least one whole engine block (its size from the
 /// metrics until an event says) may start the silence clock; while the size is unknown, none.
