@@ -308,11 +308,8 @@ impl Config {
                     format!("{:?} is used by another pool", pool.name),
                 );
             }
-            for (m, model) in pool.models.iter().enumerate() {
-                if model.trim().is_empty() {
-                    errors.push(format!("{at}.models[{m}]"), "must not be empty");
-                }
-            }
+            model_list(errors, &format!("{at}.models"), &pool.models);
+            model_list(errors, &format!("{at}.adapters"), &pool.adapters);
             if !pool.tenants.is_empty() && self.tenancy.header.is_none() {
                 errors.push(
                     format!("{at}.tenants"),
@@ -414,11 +411,8 @@ impl Config {
                         "no models: list them on the endpoint or on its pool",
                     );
                 }
-                for (m, model) in ep.models.iter().enumerate() {
-                    if model.trim().is_empty() {
-                        errors.push(format!("{at}.models[{m}]"), "must not be empty");
-                    }
-                }
+                model_list(errors, &format!("{at}.models"), &ep.models);
+                model_list(errors, &format!("{at}.adapters"), &ep.adapters);
                 check_labels(errors, &format!("{at}.labels"), &ep.labels);
                 positive_finite(errors, &format!("{at}.weight"), ep.weight);
                 if ep.max_in_flight == Some(0) {
@@ -428,6 +422,17 @@ impl Config {
         }
         if total == 0 {
             errors.push("pools", "no endpoints configured");
+        }
+    }
+}
+
+/// Model (or adapter) names a pool or endpoint serves: none empty, none twice.
+fn model_list(errors: &mut Errors, path: &str, names: &[String]) {
+    for (m, name) in names.iter().enumerate() {
+        if name.trim().is_empty() {
+            errors.push(format!("{path}[{m}]"), "must not be empty");
+        } else if names[..m].contains(name) {
+            errors.push(format!("{path}[{m}]"), format!("{name:?} is listed twice"));
         }
     }
 }
@@ -607,6 +612,14 @@ pools:
             (
                 "models: [{name: m}, {name: m}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",
                 "models[1].name: \"m\" is listed twice",
+            ),
+            (
+                "pools: [{name: a, models: [m, m], endpoints: [{address: '127.0.0.1:1'}]}]",
+                "pools[0].models[1]: \"m\" is listed twice",
+            ),
+            (
+                "pools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1', adapters: [x, y, x]}]}]",
+                "pools[0].endpoints[0].adapters[2]: \"x\" is listed twice",
             ),
             (
                 "models: [{name: m, block_size_tokens: 0}]\npools: [{name: a, models: [m], endpoints: [{address: '127.0.0.1:1'}]}]",

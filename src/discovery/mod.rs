@@ -192,11 +192,19 @@ impl EndpointSet {
                 health,
             }));
             set.by_address.insert(spec.address, i);
+            // Once per endpoint, however often it lists a name: a repeat would make it two
+            // candidates (fallbacks repeating the pick, a double share of round-robin).
             for m in &spec.models {
-                set.by_model.entry(m.clone()).or_default().push(i);
+                let ids = set.by_model.entry(m.clone()).or_default();
+                if ids.last() != Some(&i) {
+                    ids.push(i);
+                }
             }
             for a in &spec.adapters {
-                set.by_adapter.entry(a.clone()).or_default().push(i);
+                let ids = set.by_adapter.entry(a.clone()).or_default();
+                if ids.last() != Some(&i) {
+                    ids.push(i);
+                }
             }
         }
     }
@@ -328,6 +336,16 @@ mod tests {
         );
         assert_eq!(set.serving("zzz"), None);
         assert_eq!(set.model_names(), vec!["a", "b", "lora1"]);
+    }
+
+    #[test]
+    fn a_name_listed_twice_makes_one_candidate() {
+        // Discovered endpoints are not validated like the config: a repeat must not make an
+        // endpoint two candidates (a fallback repeating the pick).
+        let reg = Registry::new(&[spec(1, &["a", "a"], &["x", "x"]), spec(2, &["a"], &[])]);
+        let set = reg.snapshot();
+        assert_eq!(set.serving("a"), Some((ModelMatch::Base, &[0usize, 1][..])));
+        assert_eq!(set.serving("x"), Some((ModelMatch::Adapter, &[0usize][..])));
     }
 
     #[test]
