@@ -25,10 +25,19 @@ pub(super) fn confine<'e>(
 ) -> Result<Vec<&'e Arc<Endpoint>>, RouteError> {
     let before = serving.len();
     let admitted: Vec<&Arc<Endpoint>> = serving
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|ep| state.pool_admits(&ep.pool, ctx.tenant))
         .collect();
     if admitted.is_empty() && before > 0 {
+        if !serving.iter().any(|ep| state.knows_pool(&ep.pool)) {
+            // Only pools a reload added since the request's snapshot: a retry decides under
+            // the new config.
+            return Err(RouteError::NoEndpoint {
+                model: model.to_string(),
+                reason: "the endpoints serving it changed while the request was read",
+            });
+        }
         return Err(RouteError::TenantNotAllowed {
             model: model.to_string(),
         });

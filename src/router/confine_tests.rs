@@ -270,3 +270,39 @@ fn pool_tenants_and_labels_are_validated_with_their_paths() {
         assert!(Config::parse_and_validate(&yaml, "test").is_err(), "{yaml}");
     }
 }
+
+#[test]
+fn a_request_read_across_a_reload_reaches_no_pool_its_snapshot_does_not_know() {
+    // The request's snapshot is taken at its headers; a reload that adds a confined pool
+    // before its body is decided publishes the new endpoints first. Its old rules cannot say
+    // whom the new pool admits, so it admits nobody from that snapshot.
+    let before = POOLS.replace(
+        "  - name: acme-dedicated\n    models: [m, acme-model]\n    tenants: [acme]\n    endpoints: [{address: 127.0.0.1:8002}, {address: 127.0.0.1:8003}]\n",
+        "",
+    );
+    assert!(!before.contains("acme-dedicated"), "the pool was cut out");
+    let r = router(&before);
+    let old = r.snapshot();
+    r.apply(Config::parse_and_validate(POOLS, "test").unwrap())
+        .unwrap();
+    let body = chat("m");
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    let listed = |ctx| -> Result<BTreeSet<SocketAddr>, RouteError> {
+        let plan = r.plan(&old, &req, ctx)?;
+        Ok(plan.endpoints.iter().map(|e| e.address).collect())
+    };
+    assert_eq!(listed(tenant("initech")).unwrap(), ports(&[8001]));
+    assert_eq!(listed(tenant("acme")).unwrap(), ports(&[8001]));
+    let body = chat("acme-model");
+    let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
+    match r.plan(&old, &req, tenant("initech")) {
+        Err(RouteError::NoEndpoint { .. }) => {}
+        other => panic!("{:?}", other.map(|p| p.endpoints.len())),
+    }
+    // Under the new snapshot the rules apply as configured.
+    let new = r.snapshot();
+    assert!(matches!(
+        r.plan(&new, &req, tenant("initech")),
+        Err(RouteError::TenantNotAllowed { .. })
+    ));
+}

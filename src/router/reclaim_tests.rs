@@ -50,10 +50,12 @@ fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// Endpoints a discovery source found for the config's pool `a` (as DNS and Kubernetes sources publish
+/// their pool's endpoints: a pool the config does not have admits no request).
 fn discovered(ports: impl IntoIterator<Item = u16>) -> Vec<ResolvedEndpoint> {
     ports
         .into_iter()
-        .map(|p| ResolvedEndpoint::new(addr(p), "dns", &["m"]))
+        .map(|p| ResolvedEndpoint::new(addr(p), "a", &["m"]))
         .collect()
 }
 

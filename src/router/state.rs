@@ -42,8 +42,9 @@ pub struct RouterState {
     tokenizing: bool,
     /// Some pool subscribes to KV events: candidates' cache sources are worth asking about.
     kv_events: bool,
-    /// Pools confined to tenants (`pools[].tenants`): pool name -> the tenants it admits.
-    confined: HashMap<String, HashSet<String>>,
+    /// Every pool of the config -> the tenants it admits, when it lists them
+    /// (`pools[].tenants`); `None`: open to all.
+    pools: HashMap<String, Option<HashSet<String>>>,
     /// Pool name -> its tiers' load speeds (`pools[].kv_tiers`). Looked up for every candidate
     /// of every decision: a fast hash (pool names come from the config, not from clients).
     kv_tiers: HashMap<String, KvTiersConfig, ahash::RandomState>,
@@ -79,11 +80,14 @@ impl RouterState {
                     .pools
                     .iter()
                     .any(|p| p.kv_events.is_some() && (p.dns.is_some() || p.kubernetes.is_some())),
-            confined: config
+            pools: config
                 .pools
                 .iter()
-                .filter(|p| !p.tenants.is_empty())
-                .map(|p| (p.name.clone(), p.tenants.iter().cloned().collect()))
+                .map(|p| {
+                    let tenants =
+                        (!p.tenants.is_empty()).then(|| p.tenants.iter().cloned().collect());
+                    (p.name.clone(), tenants)
+                })
                 .collect(),
             kv_tiers: config
                 .pools
@@ -108,11 +112,20 @@ impl RouterState {
     }
 
     /// Whether a request of `tenant` (none: no trusted tenant) may go to endpoints of `pool`:
-    /// yes unless the pool lists its tenants and this is not one of them.
+    /// yes unless the pool lists its tenants and this is not one of them, or this snapshot's
+    /// config has no such pool (one a reload added while the request was read: whom it
+    /// admits is the new config's to say, so not this request).
     pub fn pool_admits(&self, pool: &str, tenant: Option<&str>) -> bool {
-        self.confined
-            .get(pool)
-            .is_none_or(|tenants| tenant.is_some_and(|t| tenants.contains(t)))
+        match self.pools.get(pool) {
+            None => false,
+            Some(None) => true,
+            Some(Some(tenants)) => tenant.is_some_and(|t| tenants.contains(t)),
+        }
+    }
+
+    /// Whether this snapshot's config has a pool named `pool`.
+    pub fn knows_pool(&self, pool: &str) -> bool {
+        self.pools.contains_key(pool)
     }
 
     /// The load speeds of `pool`'s slower KV tiers (the defaults for a pool not in the config).

@@ -1141,7 +1141,7 @@ pools:
     #[test]
     fn any_source_removing_an_endpoint_drops_its_cache_entries() {
         let r = tokenized("prefix-affinity", "");
-        let discovered = ResolvedEndpoint::new(addr(9001), "dns", &["m"]);
+        let discovered = ResolvedEndpoint::new(addr(9001), "a", &["m"]);
         let sink = r.handles().discovery;
         let change = sink.publish("dns:x", vec![discovered]);
         assert_eq!(change.added, vec![addr(9001)]);
