@@ -173,3 +173,81 @@ async fn a_publisher_whose_ip_is_no_endpoints_is_refused_until_allowed() {
     })
     .await;
 }
+
+/// A pool whose engines bind (`connect:`): the publisher at `publisher` (a discovered address
+/// is no more trusted than its DNS answer).
+fn connecting(publisher: &str) -> Config {
+    Config::parse_and_validate(
+        &format!(
+            r#"
+kv_events: {{max_message_bytes: 65536}}
+pools:
+  - name: p
+    models: [m]
+    kv_events: {{connect: "tcp://{publisher}"}}
+    endpoints:
+      - address: 127.0.0.1:18302
+"#
+        ),
+        "test",
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_connecting_socket_refuses_a_publisher_announcing_2_pow_62_bytes() {
+    // A hostile "publisher": whoever connects gets a ZMTP greeting, then a long frame header
+    // claiming 2^62 bytes, which the `zeromq` crate would try to reserve (aborting the
+    // process). The router's own connection through the gate is closed instead.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let publisher = listener.local_addr().unwrap();
+    let hostile = tokio::spawn(async move {
+        let mut closed = 0;
+        // The router reconnects after each refusal: serve a few of them.
+        while closed < 2 {
+            let (mut peer, _) = listener.accept().await.unwrap();
+            let mut greeting = [0u8; 64];
+            greeting[0] = 0xff;
+            greeting[9] = 0x7f;
+            greeting[10] = 3;
+            greeting[12..16].copy_from_slice(b"NULL");
+            let _ = peer.write_all(&greeting).await;
+            let _ = peer.write_all(&[0x02]).await;
+            let _ = peer.write_all(&(1u64 << 62).to_be_bytes()).await;
+            let _ = peer.write_all(&[0u8]).await;
+            let mut buf = [0u8; 256];
+            loop {
+                match peer.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            closed += 1;
+        }
+    });
+    let events = hub(&connecting(&publisher.to_string())).await;
+    tokio::time::timeout(DEADLINE, hostile)
+        .await
+        .expect("the router closed the hostile publisher's connections")
+        .unwrap();
+    assert!(events.refused_publishers() >= 2, "counted as refused");
+    assert_eq!(messages(&events), 0, "nothing reached the endpoint");
+}
+
+#[tokio::test]
+async fn a_connecting_socket_takes_a_real_publishers_messages_through_the_check() {
+    let mut publisher = PubSocket::new();
+    let bound = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
+    let address = bound.to_string();
+    let address = address.strip_prefix("tcp://").unwrap().to_string();
+    let events = hub(&connecting(&address)).await;
+    let start = tokio::time::Instant::now();
+    let mut seq = 0;
+    while messages(&events) < 3 {
+        assert!(start.elapsed() < DEADLINE, "no message through the gate");
+        let _ = publisher.send(message(seq)).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(events.refused_publishers(), 0);
+}

@@ -52,8 +52,10 @@ pub struct KvEventsConfig {
     /// How much a matched block counts by where the engine holds it (GPU, CPU offload, slower),
     /// each in [0, 1]. Default gpu 1.0, cpu 0.8, other 0.5.
     pub medium_weights: MediumWeights,
-    /// Largest message (all its frames) a publisher may announce to a bound socket, in bytes;
-    /// a connection announcing more is closed before anything is allocated for it. Must be > 0.
+    /// Largest message (all its frames) a publisher may announce, in bytes (to a bound socket,
+    /// or to a connecting or replay socket, whose publisher's bytes are relayed through the
+    /// same check); a connection announcing more is closed before anything is allocated for
+    /// it. Must be > 0.
     /// Default 16777216 (16 MiB; a vLLM batch is a few KB, a long prefill's a few hundred KB).
     pub max_message_bytes: u64,
     /// IPs allowed to publish to bound sockets besides the IPs of the endpoints sharing the

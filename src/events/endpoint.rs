@@ -42,7 +42,10 @@ impl Shared {
             clock: Arc::new(crate::index::ManualClock::new(1)),
             unrouted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            gate: ArcSwap::from_pointee(GateLimits::default()),
+            gate: ArcSwap::from_pointee(GateLimits {
+                max_message_bytes: crate::config::KvEventsConfig::default().max_message_bytes,
+                ..GateLimits::default()
+            }),
         })
     }
 }

@@ -14,9 +14,12 @@
 //! Allowed publishers: the IPs of the endpoints that share the socket (their HTTP address's
 //! IP; an engine publishes from its own host) and `kv_events.allowed_publishers`.
 //!
+//! Connecting sockets (`connect:`, and the replay socket) go through the same check the other
+//! way round ([`connect_checked`]): kvrouter connects to the publisher itself and relays its
+//! bytes through [`FrameCheck`] to the `zeromq` socket, which connects to a loopback port.
+//!
 //! Known limits: a local process can still reach the inner socket directly (it listens on
-//! loopback only; the host is inside the trust boundary). Connecting sockets (`connect:`) are
-//! not gated: their publisher is an engine named in the config, which is trusted.
+//! loopback only; the host is inside the trust boundary).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -298,6 +301,40 @@ fn peer_lost(ip: IpAddr, routes: &Routes, shared: &Shared) {
     }
 }
 
+/// The way a connecting socket reaches its publisher at `endpoint` through a [`FrameCheck`]:
+/// for `tcp://host:port`, connects there itself, and returns a loopback endpoint for the local
+/// `zeromq` socket to connect to instead, with the relay's task (abort it when the socket is
+/// done). The first connection accepted there is relayed to the publisher, whose bytes go
+/// through the check; the relay ends, closing both, when either side closes or the check
+/// refuses. Other transports (`ipc://`) are returned as they are, with no task.
+///
+/// Why: a discovered pool's `connect:` template reaches whatever listens at an address DNS or
+/// Kubernetes gave, which the threat model does not trust, and `zeromq` aborts the process on
+/// a frame header announcing 2^62 bytes (see the module doc).
+pub(crate) async fn connect_checked(
+    endpoint: &str,
+    shared: &Arc<Shared>,
+) -> std::io::Result<(String, Option<tokio::task::JoinHandle<()>>)> {
+    let Some(remote) = endpoint.strip_prefix("tcp://") else {
+        return Ok((endpoint.to_string(), None));
+    };
+    let upstream = TcpStream::connect(remote).await?;
+    let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+    let local = listener.local_addr()?;
+    let max = shared.gate.load().max_message_bytes;
+    let shared = Arc::clone(shared);
+    let task = tokio::spawn(async move {
+        let Ok((inner, _)) = listener.accept().await else {
+            return;
+        };
+        drop(listener);
+        if let Err(e) = relay_streams(upstream, inner, max, &shared).await {
+            tracing::debug!("kv events: publisher connection closed: {e}");
+        }
+    });
+    Ok((format!("tcp://{local}"), Some(task)))
+}
+
 /// Relays one publisher connection: its bytes through a [`FrameCheck`] to `inner`, the SUB
 /// socket's bytes back unchecked (ours). Ends when either side closes or the check refuses.
 async fn relay(
@@ -309,6 +346,16 @@ async fn relay(
     let socket = TcpStream::connect(inner)
         .await
         .map_err(|e| format!("inner socket: {e}"))?;
+    relay_streams(peer, socket, max_message_bytes, shared).await
+}
+
+/// [`relay`] between two connected streams: `peer` the publisher's, `socket` our SUB's.
+async fn relay_streams(
+    peer: TcpStream,
+    socket: TcpStream,
+    max_message_bytes: u64,
+    shared: &Shared,
+) -> Result<(), String> {
     let _ = peer.set_nodelay(true);
     let _ = socket.set_nodelay(true);
     let (mut peer_read, mut peer_write) = peer.into_split();

@@ -14,10 +14,13 @@
 //! bounded in batches, bytes and time so a wedged or confused engine cannot hold the
 //! subscriber or its memory.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::endpoint::Shared;
 
 /// At most this many batches are taken from one replay (vLLM buffers 10,000 by default).
 pub(crate) const MAX_BATCHES: usize = 100_000;
@@ -53,23 +56,38 @@ pub(crate) type Batch = (u64, Bytes);
 
 /// Fetches every batch the publisher behind `endpoint` buffered from sequence `start` on, in
 /// order, within [`DEADLINE`].
-pub(crate) async fn fetch(endpoint: &str, start: u64) -> Result<Vec<Batch>, ReplayError> {
-    fetch_within(endpoint, start, DEADLINE).await
+pub(crate) async fn fetch(
+    endpoint: &str,
+    start: u64,
+    shared: &Arc<Shared>,
+) -> Result<Vec<Batch>, ReplayError> {
+    fetch_within(endpoint, start, DEADLINE, shared).await
 }
 
 pub(crate) async fn fetch_within(
     endpoint: &str,
     start: u64,
     deadline: Duration,
+    shared: &Arc<Shared>,
 ) -> Result<Vec<Batch>, ReplayError> {
-    tokio::time::timeout(deadline, exchange(endpoint, start))
+    tokio::time::timeout(deadline, exchange(endpoint, start, shared))
         .await
         .map_err(|_| ReplayError::Timeout(deadline))?
 }
 
-async fn exchange(endpoint: &str, start: u64) -> Result<Vec<Batch>, ReplayError> {
+async fn exchange(
+    endpoint: &str,
+    start: u64,
+    shared: &Arc<Shared>,
+) -> Result<Vec<Batch>, ReplayError> {
+    // Through the gate's frame check, as the live socket (the publisher may be a discovered
+    // address: not trusted with a frame header `zeromq` would abort on).
+    let (target, relay) = super::gate::connect_checked(endpoint, shared)
+        .await
+        .map_err(|e| ReplayError::Socket(zeromq::ZmqError::Network(e)))?;
+    let _relay = super::subscriber::AbortOnDrop(relay);
     let mut socket = DealerSocket::new();
-    socket.connect(endpoint).await?;
+    socket.connect(&target).await?;
     let mut request = ZmqMessage::from(Bytes::new());
     request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
     socket.send(request).await?;
@@ -201,7 +219,7 @@ mod tests {
     async fn fetches_batches_in_order_until_the_end_marker() {
         let (endpoint, start, task) =
             server(vec![frame(3, b"a"), frame(4, b"b"), frame(-1, b"")]).await;
-        let got = fetch_within(&endpoint, 3, Duration::from_secs(10))
+        let got = fetch_within(&endpoint, 3, Duration::from_secs(10), &Shared::for_tests())
             .await
             .unwrap();
         assert_eq!(start.await.unwrap(), 3);
@@ -227,7 +245,7 @@ mod tests {
             frame_with_topic(b"", -1, b""),
         ])
         .await;
-        let got = fetch_within(&endpoint, 0, Duration::from_secs(10))
+        let got = fetch_within(&endpoint, 0, Duration::from_secs(10), &Shared::for_tests())
             .await
             .unwrap();
         assert_eq!(start.await.unwrap(), 0);
@@ -241,15 +259,20 @@ mod tests {
     #[tokio::test]
     async fn a_malformed_or_unfinished_answer_is_an_error() {
         let (endpoint, _, task) = server(vec![frame(4, b"a"), frame(4, b"b")]).await;
-        let err = fetch_within(&endpoint, 0, Duration::from_secs(10))
+        let err = fetch_within(&endpoint, 0, Duration::from_secs(10), &Shared::for_tests())
             .await
             .unwrap_err();
         assert!(matches!(err, ReplayError::Malformed(_)), "{err}");
         task.abort();
         let (endpoint, _, task) = server(vec![frame(1, b"a")]).await;
-        let err = fetch_within(&endpoint, 0, Duration::from_millis(300))
-            .await
-            .unwrap_err();
+        let err = fetch_within(
+            &endpoint,
+            0,
+            Duration::from_millis(300),
+            &Shared::for_tests(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, ReplayError::Timeout(_)), "{err}");
         task.abort();
     }

@@ -79,9 +79,20 @@ pub(crate) async fn run_connect(
         if let Err(e) = socket.subscribe(&topic).await {
             tracing::warn!(%endpoint, "kv events: subscribe failed: {e}");
         }
+        // The publisher's bytes reach zeromq through the gate's frame check (a discovered
+        // address is not trusted); connected means connected to the publisher.
+        let (target, relay) = match super::gate::connect_checked(&endpoint, &shared).await {
+            Ok(gated) => gated,
+            Err(e) => {
+                tracing::debug!(%endpoint, "kv events: connect failed, retrying: {e}");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        let relay = AbortOnDrop(relay);
         // zeromq's connect waits for the publisher (up to its connect timeout) and reconnects by
         // itself after it succeeded once; until then, retry here.
-        if let Err(e) = socket.connect(&endpoint).await {
+        if let Err(e) = socket.connect(&target).await {
             tracing::debug!(%endpoint, "kv events: connect failed, retrying: {e}");
             tokio::time::sleep(RETRY).await;
             continue;
@@ -105,6 +116,18 @@ pub(crate) async fn run_connect(
             &mut overlap,
         )
         .await;
+        drop(relay);
+    }
+}
+
+/// A relay task (or none) aborted when this goes out of scope.
+pub(crate) struct AbortOnDrop(pub(crate) Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -114,10 +137,10 @@ async fn replay_into(
     endpoint: &str,
     topic: &str,
     routes: &ArcSwap<Routes>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
 ) -> Option<u64> {
     let started = std::time::Instant::now();
-    match replay::fetch(endpoint, 0).await {
+    match replay::fetch(endpoint, 0, shared).await {
         Ok(batches) => {
             let last = batches.last().map(|(seq, _)| *seq);
             let count = batches.len();
