@@ -113,6 +113,39 @@ fn media_offsets_are_the_tokens_before_each_media_message_content() {
     }
 }
 
+/// A template with no special token between messages puts them all in one segment: their
+/// media are mapped in one pass with offsets (encoding each one's head alone was quadratic in
+/// the media and left a cache entry per media message), to the same offsets.
+#[test]
+fn media_sharing_a_segment_are_mapped_in_one_pass() {
+    const PLAIN: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+    let reg = registry_with(Some(PLAIN), |c| c.max_prefix_tokens = 1 << 20);
+    let t = reg.tokenizer("m").unwrap();
+    let contents = ["what is in this one?", "and this?", "and the last"];
+    let messages: Vec<_> = contents
+        .iter()
+        .enumerate()
+        .map(|(i, c)| with_image("user", c, i as u64))
+        .collect();
+    let tokens = t.tokenize_chat(&messages).unwrap();
+    assert_eq!(tokens.media.len(), 3);
+    let full: String = contents.iter().map(|c| format!("<user>{c}")).collect();
+    for ((offset, hash), (i, needle)) in tokens.media.iter().zip(contents.iter().enumerate()) {
+        let at = full.find(needle).unwrap();
+        let before = t.tokenize(&full[..at], false, false).unwrap().total_tokens;
+        assert_eq!((*offset, *hash), (before, i as u64), "{needle}");
+    }
+    // Thousands of them: a few cache entries, not one per media message.
+    let many: Vec<_> = (0..3000u64)
+        .map(|i| with_image("user", "abcdefghijklmnop", i))
+        .collect();
+    let entries = t.cache_stats().0;
+    let id = reg.identify(&chat_request(many), &ns());
+    assert_eq!(id.source(), "tokens");
+    let added = t.cache_stats().0 - entries;
+    assert!(added < 20, "{added} new cache entries");
+}
+
 /// Thousands of image messages: one identity with every image in place, in two renders (the
 /// old per-message re-render took seconds for 2,000; see benches/prefix.rs for timings).
 #[test]

@@ -638,6 +638,29 @@ impl ModelTokenizer {
         tokens_before: usize,
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), PrefixError> {
+        let here = pending
+            .iter()
+            .rev()
+            .take_while(|&&(at, _)| at < end)
+            .count();
+        if here > 1 {
+            // Several media in one segment (a template with no cut between messages): one
+            // pass with byte offsets maps them all, as the unsegmented path does. Encoding each
+            // one's head alone was quadratic in the media per segment, and filled the cache
+            // with heads no other request shares.
+            let encoding = self
+                .tokenizer
+                .encode(segment, false)
+                .map_err(|e| PrefixError::Tokenize(e.to_string()))?;
+            let offsets = encoding.get_offsets();
+            for _ in 0..here {
+                let Some((at, h)) = pending.pop() else { break };
+                let within = at.saturating_sub(start);
+                let index = offsets.partition_point(|&(_, e)| e <= within);
+                out.push(((tokens_before + index) as u64, h));
+            }
+            return Ok(());
+        }
         while let Some(&(at, h)) = pending.last() {
             if at >= end {
                 break;
