@@ -44,13 +44,26 @@ impl PromptInput<'_> {
 
 impl<'de: 'a, 'a> Deserialize<'de> for PromptInput<'a> {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        de.deserialize_any(PromptVisitor)
+        de.deserialize_any(PromptVisitor(None))
     }
 }
 
-struct PromptVisitor;
+/// A `prompt` / `input` whose batch elements (texts, token-id lists) count as content parts
+/// against the budget: each is ~24 bytes held for as few as 3 of the body (`"",` or `[],`), so
+/// a 32 MiB batch of empty ones would take ~10x the body in memory.
+pub(super) struct PromptSeed<'b>(pub(super) &'b Budget);
 
-impl<'de> Visitor<'de> for PromptVisitor {
+impl<'de, 'b> DeserializeSeed<'de> for PromptSeed<'b> {
+    type Value = PromptInput<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(PromptVisitor(Some(self.0)))
+    }
+}
+
+/// Reads a prompt, counting batch elements against the budget when there is one.
+struct PromptVisitor<'b>(Option<&'b Budget>);
+
+impl<'de> Visitor<'de> for PromptVisitor<'_> {
     type Value = PromptInput<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -72,6 +85,11 @@ impl<'de> Visitor<'de> for PromptVisitor {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out: Option<PromptInput<'de>> = None;
         while let Some(elem) = seq.next_element::<PromptElement<'de>>()? {
+            if let (Some(budget), PromptElement::Text(_) | PromptElement::Tokens(_)) =
+                (self.0, &elem)
+            {
+                budget.take_part()?;
+            }
             match (&mut out, elem) {
                 (None, PromptElement::Text(t)) => out = Some(PromptInput::Texts(vec![t])),
                 (None, PromptElement::Token(id)) => out = Some(PromptInput::Tokens(vec![id])),

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use super::body::{ChatMessage, MessagesSeed, PromptInput};
+use super::body::{ChatMessage, MessagesSeed, PromptInput, PromptSeed};
 use super::errors::classify;
 use super::leaf::{reject, Count, Flag, Text};
 use super::limits::{Budget, RequestLimits};
@@ -201,13 +201,13 @@ impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
                     if seen.again(Seen::PROMPT) {
                         return map.next_value_seed(Duplicate("prompt")).map(|()| raw);
                     }
-                    raw.prompt = map.next_value()?;
+                    raw.prompt = map.next_value_seed(Nullable(PromptSeed(self.budget)))?;
                 }
                 "input" if api == ApiKind::Embeddings => {
                     if seen.again(Seen::INPUT) {
                         return map.next_value_seed(Duplicate("input")).map(|()| raw);
                     }
-                    raw.input = map.next_value()?;
+                    raw.input = map.next_value_seed(Nullable(PromptSeed(self.budget)))?;
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

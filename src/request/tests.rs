@@ -404,6 +404,42 @@ fn limits_reject_oversized_conversations_with_413() {
 }
 
 #[test]
+fn batch_prompts_count_their_elements_as_content_parts() {
+    // `"",` or `[],` is 3 bytes of body and ~24 held: a 32 MiB batch would take ~10x the body.
+    let limits = RequestLimits {
+        max_messages: 10,
+        max_content_parts: 1000,
+    };
+    for (api, field, element) in [
+        (ApiKind::Completions, "prompt", "[]"),
+        (ApiKind::Completions, "prompt", "\"\""),
+        (ApiKind::Embeddings, "input", "[1]"),
+        (ApiKind::Embeddings, "input", "\"x\""),
+    ] {
+        let batch = |n: usize| {
+            let elements = vec![element; n].join(",");
+            format!(r#"{{"model":"m","{field}":[{elements}]}}"#)
+        };
+        assert!(
+            parse_with(api, batch(1000).as_bytes(), limits).is_ok(),
+            "{field} {element}: at the limit"
+        );
+        assert_eq!(
+            parse_with(api, batch(1001).as_bytes(), limits).unwrap_err(),
+            RequestError::TooLarge {
+                field: "content parts",
+                limit: 1000
+            },
+            "{field} {element}"
+        );
+    }
+    // Token ids of one prompt are not elements of a batch: 4 bytes held for 2 or more.
+    let ids = vec!["1"; 5000].join(",");
+    let one = format!(r#"{{"model":"m","prompt":[{ids}]}}"#);
+    assert!(parse_with(ApiKind::Completions, one.as_bytes(), limits).is_ok());
+}
+
+#[test]
 fn a_field_given_twice_is_refused_even_when_the_first_is_null() {
     // The engine reads the last of duplicate keys (Python's json); a router reading the first
     // would decide on, and salt, a different request than the engine serves.
