@@ -162,6 +162,17 @@ fn tenant_header_stripping_and_jwt_variants_validate() {
             );
             assert!(y.contains("claim_to_headers: [{header_name: x-tenant-id, claim_name: org}]"));
         }
+        // The picker fails closed (a request it did not salt never reaches an engine); the
+        // observer, which changes nothing, still fails open.
+        let picker = y.find("stat_prefix: kvrouter\n").expect("picker");
+        let observer = y.find("stat_prefix: kvrouter_observe").expect("observer");
+        let after = |at: usize| {
+            y[at..]
+                .find("failure_mode_allow: ")
+                .map(|i| &y[at + i..at + i + 24])
+        };
+        assert_eq!(after(picker), Some("failure_mode_allow: fals"), "{y}");
+        assert_eq!(after(observer), Some("failure_mode_allow: true"), "{y}");
         let file = cwd.path().join("tenant.yaml");
         std::fs::write(&file, &y).unwrap();
         validate(&file, cwd.path());
@@ -172,4 +183,8 @@ fn tenant_header_stripping_and_jwt_variants_validate() {
         ..EnvoyOptions::default()
     });
     assert!(!plain.contains("jwt_authn"));
+    assert!(
+        !plain.contains("failure_mode_allow: false"),
+        "no tenancy: fails open"
+    );
 }

@@ -398,6 +398,25 @@ pub fn render(o: &EnvoyOptions) -> String {
             "per message; on expiry the request fails open",
         )
     };
+    // With tenancy the picker fails closed: a request kvrouter did not decide has no tenant
+    // salt in its body, and must not reach an engine whose cache other tenants share.
+    let (fail_open, fail_note, timeout_note) = if o.tenant_header.is_some() {
+        (
+            "false",
+            "Tenancy: router down or slow fails the request (never sent unsalted).",
+            if full_duplex {
+                timeout_note
+            } else {
+                "per message; on expiry the request fails (tenancy: fail closed)"
+            },
+        )
+    } else {
+        (
+            "true",
+            "Router down or slow: serve the request anyway (LEAST_REQUEST).",
+            timeout_note,
+        )
+    };
     let route_cache = match o.cluster {
         ClusterStyle::OverrideHost => "RETAIN     # the route never depends on the pick",
         ClusterStyle::OriginalDst => "DEFAULT    # re-match routes after the header is set",
@@ -424,8 +443,8 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20                 cluster_name: kvrouter_extproc\n\
          \x20                 max_receive_message_length: {grpc_max}\n\
          \x20             stat_prefix: kvrouter\n\
-         \x20             # Router down or slow: serve the request anyway (LEAST_REQUEST).\n\
-         \x20             failure_mode_allow: true\n\
+         \x20             # {fail_note}\n\
+         \x20             failure_mode_allow: {fail_open}\n\
          \x20             processing_mode:\n\
          \x20               request_header_mode: SEND\n\
          \x20               request_body_mode: {req_body}\n\
