@@ -10,9 +10,16 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::{Config, LoadError};
 
+/// A version that loaded but that the caller could not apply (it names a file not there yet:
+/// a Secret mounted after its ConfigMap) is offered again this often (at least every
+/// interval) while the file's text stays the same.
+pub const RETRY_FAILED_APPLY: Duration = Duration::from_secs(5);
+
 /// Checks `path` every `interval` and calls `on_change` with the parsed, validated config each
 /// time its content changes (or with the error when the new content is invalid; the caller keeps
-/// the previous config then). Runs until the returned task is aborted.
+/// the previous config then). `on_change` returns whether the version is settled: `false` (it
+/// could not be applied) offers the same version again after [`RETRY_FAILED_APPLY`]. Runs
+/// until the returned task is aborted.
 ///
 /// `initial_text` is the content already loaded, so the first poll does not report it again.
 pub fn spawn_poller<F>(
@@ -22,7 +29,7 @@ pub fn spawn_poller<F>(
     on_change: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    F: FnMut(Result<Config, LoadError>) + Send + 'static,
+    F: FnMut(Result<Config, LoadError>) -> bool + Send + 'static,
 {
     spawn_poller_with(
         path,
@@ -43,10 +50,12 @@ pub fn spawn_poller_with<F, L>(
     mut on_change: F,
 ) -> tokio::task::JoinHandle<()>
 where
-    F: FnMut(Result<Config, LoadError>) + Send + 'static,
+    F: FnMut(Result<Config, LoadError>) -> bool + Send + 'static,
     L: Fn(&str, &str) -> Result<Config, LoadError> + Send + 'static,
 {
     let mut last_hash = xxh3_64(initial_text.as_bytes());
+    // When the last version offered was not settled: when to offer it again.
+    let mut retry_at: Option<tokio::time::Instant> = None;
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -60,6 +69,7 @@ where
                     let hash = 0;
                     if hash != last_hash {
                         last_hash = hash;
+                        retry_at = None;
                         on_change(Err(LoadError::Read {
                             path: path.display().to_string(),
                             source,
@@ -69,11 +79,15 @@ where
                 }
             };
             let hash = xxh3_64(text.as_bytes());
-            if hash == last_hash {
+            let due = retry_at.is_some_and(|at| tokio::time::Instant::now() >= at);
+            if hash == last_hash && !due {
                 continue;
             }
             last_hash = hash;
-            on_change(load(&text, &path.display().to_string()));
+            retry_at = None;
+            if !on_change(load(&text, &path.display().to_string())) {
+                retry_at = Some(tokio::time::Instant::now() + RETRY_FAILED_APPLY.max(interval));
+            }
         }
     })
 }
@@ -97,7 +111,8 @@ mod tests {
             sink.lock().unwrap().push(
                 r.map(|c| c.resolved_endpoints()[0].address.port())
                     .map_err(|e| e.to_string()),
-            )
+            );
+            true
         });
         let wait_for = |n: usize| {
             let seen = seen.clone();
@@ -119,5 +134,37 @@ mod tests {
         assert_eq!(seen[0], Ok(2));
         let err = seen[1].as_ref().unwrap_err();
         assert!(err.contains("pools[0].endpoints[0].address"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_version_that_could_not_be_applied_is_offered_again_until_it_is() {
+        // The text stays the same; what it names appears later (a Secret after its ConfigMap):
+        // the caller's apply fails twice, then succeeds, and the version is offered no more.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, V1).unwrap();
+        let offered = Arc::new(Mutex::new(0u32));
+        let count = offered.clone();
+        let task = spawn_poller(path.clone(), Duration::from_millis(100), V1, move |r| {
+            assert!(r.is_ok());
+            let mut n = count.lock().unwrap();
+            *n += 1;
+            *n >= 3
+        });
+        std::fs::write(&path, V2).unwrap();
+        // Paused clock: each advance runs the poller's ticks up to it (file reads are real).
+        for _ in 0..200 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            tokio::task::yield_now().await;
+            if *offered.lock().unwrap() >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(*offered.lock().unwrap(), 3, "offered until applied");
+        tokio::time::advance(RETRY_FAILED_APPLY * 3).await;
+        tokio::task::yield_now().await;
+        task.abort();
+        assert_eq!(*offered.lock().unwrap(), 3, "settled: not offered again");
     }
 }

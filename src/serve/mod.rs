@@ -238,6 +238,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut server_section = server_section.clone();
         server_section.grpc_listen = grpc_addr;
         let sharing_section = handles.config.borrow().sharing.clone();
+        let admin_section = handles.config.borrow().admin.clone();
         config::watch::spawn_poller_with(
             args.config.clone(),
             Duration::from_millis(server_section.reload_interval_ms),
@@ -252,6 +253,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     if new.sharing != sharing_section {
                         tracing::warn!("config reload: the `sharing` section cannot change at runtime; restart to apply it");
                     }
+                    if new.admin != admin_section {
+                        // The token is read at start-up: a reload that adds or rotates it
+                        // must not look applied while the old one (or none) still guards.
+                        tracing::warn!("config reload: the `admin` section (its token) cannot change at runtime; restart to apply it");
+                    }
                     let sources = sources(&new, &resolver);
                     match router.apply(new) {
                         Ok(change) => {
@@ -260,16 +266,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                             discovery.reconcile(sources);
                             // The new endpoint set wakes `events_follow`, which brings the
                             // KV-event subscriptions in line (one task, so syncs never overlap).
+                            true
                         }
                         Err(e) => {
+                            // A file it names may appear later (a Secret after its ConfigMap):
+                            // the same version is tried again.
                             metrics.record_reload(false);
-                            tracing::error!("config reload rejected, keeping the previous config: {e}");
+                            tracing::error!("config reload rejected, keeping the previous config (trying again in {:?}): {e}", config::watch::RETRY_FAILED_APPLY);
+                            false
                         }
                     }
                 }
                 Err(e) => {
                     metrics.record_reload(false);
                     tracing::error!("config reload rejected, keeping the previous config: {e}");
+                    true
                 }
             },
         )
