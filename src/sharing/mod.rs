@@ -134,6 +134,7 @@ pub fn start(
         channel: config.channel.clone(),
         timeout: Duration::from_millis(config.timeout_ms),
         reconnect_max: Duration::from_millis(config.reconnect_max_ms),
+        idle_ping: pubsub::IDLE_PING,
     };
     tokio::spawn(pubsub::publish(
         client.clone(),
@@ -167,6 +168,8 @@ pub enum SharingError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
     #[tokio::test]
     async fn a_full_queue_drops_and_counts_instead_of_waiting() {
@@ -191,5 +194,128 @@ mod tests {
         let first = rx.recv().await.unwrap();
         assert_eq!((first.origin, first.endpoint), (7, ep));
         assert_eq!(first.hashes, [1, 2, 3]);
+    }
+
+    /// Copies `from` into `into` until either ends; once `stall` passes `n` (the connection's
+    /// number), it holds both open and forwards nothing more.
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut into: tokio::net::tcp::OwnedWriteHalf,
+        n: u64,
+        stall: Arc<AtomicU64>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = [0u8; 4096];
+        loop {
+            let Ok(k) = from.read(&mut buf).await else {
+                return;
+            };
+            if k == 0 {
+                return;
+            }
+            if n < stall.load(Ordering::Relaxed) {
+                std::future::pending::<()>().await;
+            }
+            if into.write_all(&buf[..k]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// A TCP proxy to `to` on 127.0.0.1, and its stall mark: connections numbered below the
+    /// mark stop forwarding but stay open (a partition: no FIN, no RST); the count of
+    /// connections accepted so far.
+    async fn stalling_proxy(to: SocketAddr) -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let (stall, accepted) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (stall_c, accepted_c) = (Arc::clone(&stall), Arc::clone(&accepted));
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let n = accepted_c.fetch_add(1, Ordering::Relaxed);
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, n, Arc::clone(&stall_c)));
+                tokio::spawn(pipe(sr, cw, n, Arc::clone(&stall_c)));
+            }
+        });
+        (at, stall, accepted)
+    }
+
+    struct Count(Arc<AtomicU64>);
+
+    impl PeerSink for Count {
+        fn apply(&self, _: SocketAddr, _: &[u64], _: Duration) -> PeerOutcome {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            PeerOutcome::Applied
+        }
+    }
+
+    /// Publishes `payload` straight to Redis until the subscriber has applied `at_least`.
+    async fn heard_after(
+        direct: &mut ::redis::aio::MultiplexedConnection,
+        payload: &[u8],
+        applied: &AtomicU64,
+        at_least: u64,
+    ) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while applied.load(Ordering::Relaxed) < at_least {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no message heard (at least {at_least})"
+            );
+            let _: Result<i64, _> = ::redis::cmd("PUBLISH")
+                .arg("kvrouter-test")
+                .arg(payload)
+                .query_async(direct)
+                .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscription_gone_silent_without_a_fin_is_noticed_and_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        let redis = testkit::Redis::start(dir.path()).unwrap();
+        let (proxy, stall, accepted) = stalling_proxy(redis.addr).await;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = SharingMetrics::register(&mut registry);
+        let applied = Arc::new(AtomicU64::new(0));
+        let settings = pubsub::Settings {
+            channel: "kvrouter-test".into(),
+            timeout: Duration::from_millis(300),
+            reconnect_max: Duration::from_millis(300),
+            idle_ping: Duration::from_millis(300),
+        };
+        let subscriber = tokio::spawn(pubsub::subscribe(
+            ::redis::Client::open(format!("redis://{proxy}")).unwrap(),
+            settings,
+            1,
+            Arc::new(Count(Arc::clone(&applied))),
+            metrics,
+        ));
+        // Published straight to Redis, by a peer (another origin).
+        let mut direct = ::redis::Client::open(redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let payload = wire::encode(&SharedDecision {
+            origin: 2,
+            sent_unix_ms: 0,
+            endpoint: "10.0.0.1:8000".parse().unwrap(),
+            model: "m".into(),
+            hashes: vec![1, 2, 3],
+        });
+        heard_after(&mut direct, &payload, &applied, 1).await;
+        // The subscription's connection goes silent, open.
+        stall.store(accepted.load(Ordering::Relaxed), Ordering::Relaxed);
+        let before = applied.load(Ordering::Relaxed);
+        heard_after(&mut direct, &payload, &applied, before + 1).await;
+        assert!(accepted.load(Ordering::Relaxed) >= 2, "a new subscription");
+        subscriber.abort();
     }
 }

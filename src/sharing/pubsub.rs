@@ -21,7 +21,14 @@ pub(super) struct Settings {
     pub(super) channel: String,
     pub(super) timeout: Duration,
     pub(super) reconnect_max: Duration,
+    /// The subscriber pings Redis after this long without a message (and reconnects when the
+    /// answer takes longer than `timeout`): a subscription only reads, so a connection that
+    /// died without a FIN (a partition, a crashed node) is never noticed otherwise.
+    pub(super) idle_ping: Duration,
 }
+
+/// [`Settings::idle_ping`] of the running service.
+pub(super) const IDLE_PING: Duration = Duration::from_secs(5);
 
 /// Capped exponential backoff.
 struct Backoff {
@@ -139,8 +146,20 @@ pub(super) async fn subscribe(
                 metrics.set_connected("subscriber", true);
                 backoff.reset();
                 warned = false;
-                let mut messages = pubsub.into_on_message();
-                while let Some(msg) = messages.next().await {
+                let (mut sink, mut messages) = pubsub.split();
+                loop {
+                    let msg = match timeout(s.idle_ping, messages.next()).await {
+                        Ok(Some(msg)) => msg,
+                        Ok(None) => break,
+                        // Quiet for a while: is the connection still there?
+                        Err(_) => match timeout(s.timeout, sink.ping::<redis::Value>()).await {
+                            Ok(Ok(_)) => continue,
+                            failed => {
+                                tracing::warn!(error = %describe(failed), "sharing: Redis did not answer a ping on the subscription");
+                                break;
+                            }
+                        },
+                    };
                     let outcome = match wire::decode(msg.get_payload_bytes()) {
                         Err(_) => "malformed",
                         Ok(d) if d.origin == origin => "own",
