@@ -233,3 +233,204 @@ fn inferencepool_picker_args_make_the_config_valid_and_match_the_manifests() {
         );
     }
 }
+
+/// A container of the sidecar overlay's Deployment patch.
+fn gateway_container(name: &str) -> serde_norway::Value {
+    let gateway: serde_norway::Value =
+        serde_norway::from_str(&read("overlays/sidecar/gateway.yaml")).unwrap();
+    gateway["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} container"))
+        .clone()
+}
+
+fn strings(v: &serde_norway::Value) -> Vec<String> {
+    v.as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The Envoy process of the drain test, killed when the test ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn sidecar_prestop_drains_envoy_and_a_request_in_flight_finishes() {
+    // The manifest: Envoy drains at once when asked and exits after --drain-time-s; its own
+    // preStop outlasts that; kvrouter's preStop is the script that asks.
+    let envoy_args = strings(&gateway_container("envoy")["args"]);
+    let flag = |name: &str| {
+        let i = envoy_args.iter().position(|a| a == name).unwrap();
+        envoy_args[i + 1].clone()
+    };
+    let drain_s: u64 = flag("--drain-time-s").parse().unwrap();
+    assert_eq!(flag("--drain-strategy"), "immediate");
+    let envoy_pre_stop = gateway_container("envoy")["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        envoy_pre_stop > drain_s,
+        "SIGTERM only after Envoy's own exit"
+    );
+    let script = strings(&gateway_container("kvrouter")["lifecycle"]["preStop"]["exec"]["command"]);
+
+    // A replica that answers 1.5 s after a request arrives.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = upstream.accept().await {
+            let arrived_tx = arrived_tx.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = arrived_tx.send(());
+                tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+
+    // Envoy in front of it, with the manifest's drain strategy and a short drain time.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = render(&EnvoyOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin: "127.0.0.1:0".parse().unwrap(),
+        replicas: Replicas::Static(vec![upstream_addr]),
+        attach: false,
+        ..EnvoyOptions::default()
+    });
+    std::fs::write(dir.path().join("envoy.yaml"), yaml).unwrap();
+    let admin_file = dir.path().join("admin.txt");
+    let test_drain_s = 3u64;
+    let mut envoy = Child(
+        Command::new(envoy_bin())
+            .arg("-c")
+            .arg(dir.path().join("envoy.yaml"))
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+            ])
+            .args(["--drain-time-s", &test_drain_s.to_string()])
+            .args(["--drain-strategy", &flag("--drain-strategy")])
+            .current_dir(dir.path())
+            .spawn()
+            .expect("run envoy"),
+    );
+    let client = reqwest::Client::new();
+    let (admin, listen) = poll_until("Envoy's admin and listener", STARTUP, || {
+        let text = std::fs::read_to_string(&admin_file).ok();
+        let client = client.clone();
+        async move {
+            let admin: SocketAddr = text?.trim().parse().ok()?;
+            let v: serde_json::Value = client
+                .get(format!("http://{admin}/listeners?format=json"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let port = v["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+                .as_u64()
+                .filter(|&p| p > 0)?;
+            Some((admin, SocketAddr::from(([127, 0, 0, 1], port as u16))))
+        }
+    })
+    .await
+    .unwrap();
+
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let r = client.get(format!("http://{listen}/")).send().await?;
+            Ok::<_, reqwest::Error>((r.status().as_u16(), r.text().await?))
+        }
+    });
+    tokio::time::timeout(STARTUP, arrived.recv())
+        .await
+        .expect("the request reached the replica");
+
+    // The pod is terminating: kvrouter's preStop runs (without its wait).
+    let status = tokio::process::Command::new(&script[0])
+        .args(&script[1..])
+        .env("ENVOY_ADMIN", admin.to_string())
+        .env("DRAIN_WAIT_S", "0")
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "the preStop script failed: {status}");
+    let asked = std::time::Instant::now();
+
+    // Draining: a new request is still served, told to close its connection.
+    let during = client
+        .get(format!("http://{listen}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(during.status().as_u16(), 200);
+    assert_eq!(
+        during
+            .headers()
+            .get("connection")
+            .map(|v| v.to_str().unwrap()),
+        Some("close"),
+        "clients are told to go elsewhere"
+    );
+    let (code, body) = in_flight.await.unwrap().expect("the request in flight");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "ok"),
+        "it finished through the drain"
+    );
+    // Once the drain time is over Envoy takes no new connection (the kubelet stops it after its
+    // own preStop).
+    let closed = poll_until(
+        "Envoy's listener to stop after the drain time",
+        std::time::Duration::from_secs(test_drain_s + 15),
+        || {
+            let refused = std::net::TcpStream::connect(listen).is_err();
+            async move { refused.then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        closed.is_ok(),
+        "still accepting {:?} after the drain request",
+        asked.elapsed()
+    );
+    assert!(
+        asked.elapsed() >= std::time::Duration::from_secs(test_drain_s - 1),
+        "stopped before its drain time ({:?})",
+        asked.elapsed()
+    );
+    assert!(
+        envoy.0.try_wait().unwrap().is_none(),
+        "still running until stopped"
+    );
+}
