@@ -641,8 +641,9 @@ impl Stream {
                         None => rest.drop_unfinished(),
                     }
                 }
-                if !watched {
-                    // No observer will report its first byte: take it at the predicted time.
+                if decision.ticket.first_byte_predicted() {
+                    // No observer will report its first byte (or only after the whole
+                    // generation, not streamed): take it at the predicted time.
                     self.table.schedule(id, decision.ticket.first_byte_due());
                 }
                 self.table.insert(id, decision.ticket, watched);

@@ -161,7 +161,8 @@ fn response_body(body: &[u8], end_of_stream: bool) -> ProcessingRequest {
     }
 }
 
-const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+/// A streamed chat (as clients stream: its first byte is its first token).
+const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
 
 /// The destination a routing reply sets, and its pick id.
 fn destination(r: &ProcessingResponse) -> Option<(String, u64)> {

@@ -21,7 +21,7 @@ use crate::index::PrefixMatch;
 use crate::load::{EngineSignal, Stamp};
 use crate::policy::{CandidateView, EngineLoad, Ranking, RequestView, RouterLoad, TierHold};
 use crate::prefix::{Namespace, PrefixIdentity};
-use crate::request::ParsedRequest;
+use crate::request::{ApiKind, ParsedRequest};
 
 /// Where a candidate's inputs came from, one per candidate of a [`Plan`].
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +83,10 @@ pub struct Plan {
     pub matches: Vec<PrefixMatch>,
     /// Prompt tokens the pick must compute ([`Self::uncached_tokens`]).
     uncached_tokens: u64,
+    /// Whether the response's first byte comes with its first token (a streamed answer, or an
+    /// embedding: no decode), so it times the prefill. A non-streamed answer's first byte
+    /// comes after the whole generation.
+    pub first_byte_is_ttft: bool,
 }
 
 impl Plan {
@@ -455,6 +459,7 @@ pub(crate) fn plan(
         .compute_tokens(&view, &candidates[ranking.pick()]);
     Ok(Plan {
         uncached_tokens,
+        first_byte_is_ttft: request.stream || request.api == ApiKind::Embeddings,
         endpoints,
         policy: state.policy.name(),
         prefix,

@@ -184,7 +184,7 @@ async fn closed_loop(r: Arc<Router>, trip: Duration) -> Engines {
         // About 2000 tokens by the byte estimate, unique from the start (nothing cached).
         let text = format!("{n:08} {}", "word ".repeat(1600));
         let body =
-            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+            serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": text}]})
                 .to_string()
                 .into_bytes();
         tasks.push(tokio::spawn(async move {
@@ -394,7 +394,7 @@ async fn with_prefill_progress_the_policy_sees_which_head_frees_first_and_the_ro
     // The first endpoint has prefilled its 2000-token prompt (200 ms) for 150 ms; the second
     // has just begun one of 1200 tokens (120 ms).
     let decide = |r: &Router| {
-        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "word ".repeat(1600)}]})
+        let body = serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "word ".repeat(1600)}]})
             .to_string();
         let req = request::parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
         let d = r.decide(&r.snapshot(), &req, NO_CONTEXT).unwrap();

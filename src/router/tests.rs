@@ -34,8 +34,9 @@ fn chat(model: &str) -> Vec<u8> {
     chat_with(model, "hello there")
 }
 
+/// A streamed chat (as clients stream: its first byte is its first token).
 fn chat_with(model: &str, text: &str) -> Vec<u8> {
-    serde_json::json!({"model": model, "messages": [{"role": "user", "content": text}]})
+    serde_json::json!({"model": model, "stream": true, "messages": [{"role": "user", "content": text}]})
         .to_string()
         .into_bytes()
 }
@@ -1037,6 +1038,80 @@ pools:
                 .prefill_head_elapsed_ms(),
             150.0
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_streamed_answers_first_byte_teaches_and_only_a_2xx_one() {
+        // A non-streamed answer's first byte comes after its whole generation, and an error
+        // body (a 400 for a prompt over the context) at once: neither times the prefill.
+        let r = router(&format!(
+            "{THREE}\nload: {{learning: {{ttft_residual: true}}}}\nflow_control: {{enabled: true}}"
+        ));
+        let cfg = config(&r);
+        let samples = |ep: &Endpoint| {
+            let s = ep
+                .load
+                .learned
+                .snapshot(&cfg.load.learning, tokio::time::Instant::now());
+            (s.speed_samples, s.residual_samples)
+        };
+        let plain =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                .to_string();
+        let plain = request::parse(ApiKind::ChatCompletions, plain.as_bytes()).unwrap();
+        let streamed = chat("m");
+        let streamed = request::parse(ApiKind::ChatCompletions, &streamed).unwrap();
+        let ok = |d: &Decision| ResponseFacts {
+            status: Some(200),
+            served: Some(d.primary().address),
+            attempts: Some(1),
+        };
+
+        // Not streamed: watched (flow control on), yet its prefill is taken as done when due,
+        // and its first byte teaches nothing.
+        let mut d = decide_now(&r, &plain, NONE).unwrap();
+        assert!(d.ticket.watched());
+        assert!(d.ticket.first_byte_predicted());
+        let pick = Arc::clone(d.primary());
+        let before = samples(&pick);
+        d.ticket.on_response_headers(ok(&d));
+        d.ticket.on_first_byte_due();
+        assert_eq!(
+            pick.load.snapshot().in_flight_prefilling,
+            0,
+            "taken as prefilled"
+        );
+        tokio::time::advance(std::time::Duration::from_secs(8)).await;
+        d.ticket.on_first_byte(std::time::Instant::now());
+        assert_eq!(
+            samples(&pick),
+            before,
+            "nothing learned from the whole answer"
+        );
+        drop(d);
+
+        // Streamed, answered 400 at once: nothing learned either.
+        let mut d = decide_now(&r, &streamed, NONE).unwrap();
+        assert!(!d.ticket.first_byte_predicted(), "its observer reports it");
+        let pick = Arc::clone(d.primary());
+        let before = samples(&pick);
+        d.ticket.on_response_headers(ResponseFacts {
+            status: Some(400),
+            ..ok(&d)
+        });
+        d.ticket.on_first_byte(std::time::Instant::now());
+        assert_eq!(samples(&pick), before, "an error body is no prefill");
+        drop(d);
+
+        // Streamed and answered: learned from.
+        let mut d = decide_now(&r, &streamed, NONE).unwrap();
+        let pick = Arc::clone(d.primary());
+        let before = samples(&pick);
+        d.ticket.on_response_headers(ok(&d));
+        tokio::time::advance(std::time::Duration::from_millis(200)).await;
+        d.ticket.on_first_byte(std::time::Instant::now());
+        // (A prompt this short teaches the residual; its speed only when prefill dominates.)
+        assert_eq!(samples(&pick).1, before.1 + 1, "learned from");
     }
 
     #[tokio::test(start_paused = true)]

@@ -158,6 +158,10 @@ pub struct Ticket {
     watched: bool,
     /// When the cost model expected the pick's first byte.
     first_byte_due: Instant,
+    /// The response's first byte times the prefill ([`super::plan::Plan::first_byte_is_ttft`]):
+    /// otherwise nothing is learned from it, and the prefill is taken as done at
+    /// `first_byte_due` even when the request is watched.
+    first_byte_is_ttft: bool,
     /// The prompt's blocks new to the pick (without KV events): held beyond its index capacity
     /// until the prefill is done (the first byte, or when it was due), and all of them pinned
     /// there until the request ends (the ticket's drop).
@@ -183,9 +187,16 @@ impl Ticket {
     }
 
     /// When the decision expected the first byte (decision time plus the pick's predicted
-    /// TTFT): for an unwatched request, when to call [`Self::on_first_byte_due`].
+    /// TTFT): for a request whose first byte will not be reported in time
+    /// ([`Self::first_byte_predicted`]), when to call [`Self::on_first_byte_due`].
     pub fn first_byte_due(&self) -> Instant {
         self.first_byte_due
+    }
+
+    /// Whether the prefill is taken as done at [`Self::first_byte_due`]: the request is not
+    /// watched, or its first byte comes only after the whole generation (not streamed).
+    pub fn first_byte_predicted(&self) -> bool {
+        !self.watched || !self.first_byte_is_ttft
     }
 
     /// An unwatched request's predicted first byte came: its prefill is taken as done (the
@@ -258,7 +269,10 @@ impl Ticket {
             let ok = !is_failure_status(code);
             self.tables.record_outcome(&self.endpoint, ok, health);
             self.trial = None;
-            if !ok {
+            // Only an answer prefilled the prompt: an error body (a 400 for a prompt over the
+            // context, a 429) comes at once and would teach a speed of millions of tokens a
+            // second, weighted by the largest prompts.
+            if !(200..300).contains(&code) {
                 self.ttft = None;
             }
         }
@@ -401,10 +415,11 @@ pub(super) fn commit(
         guard,
         uncached_tokens,
         decided_at,
-        ttft: Some(ttft),
+        ttft: plan.first_byte_is_ttft.then_some(ttft),
         trial,
         watched,
         first_byte_due: decided_at + first_byte,
+        first_byte_is_ttft: plan.first_byte_is_ttft,
         pending,
     };
     Decision {
