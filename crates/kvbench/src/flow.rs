@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 use super::client::RequestRecord;
 use super::plan::{FlowAnalysisSpec, Plan};
 use super::results::RunResult;
-use super::verdict::{interval, median, Estimate};
+use super::verdict::{interval, median, ratio, Estimate};
 
 /// Client-side slack on the queue's bound, simulated ms: the bound is kept in the router's real
 /// time, the client also sees Envoy and HTTP (real ms times the time scale) on a loaded machine.
@@ -476,7 +476,7 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
         interval(reps[arm][cell][f].clone(), points[arm][cell][f])
     };
     let ratio_est = |x: &[f64], y: &[f64], px: Option<f64>, py: Option<f64>| {
-        let r: Vec<f64> = x.iter().zip(y).map(|(p, q)| p / q).collect();
+        let r: Vec<f64> = x.iter().zip(y).map(|(&p, &q)| ratio(p, q)).collect();
         interval(r, px.zip(py).filter(|(_, q)| *q > 0.0).map(|(p, q)| p / q))
     };
     let on_off = |f: usize| {
@@ -585,10 +585,12 @@ fn compare(plan: &Plan, a: &FlowAnalysisSpec, on: &str, runs: &[RunResult]) -> F
             "0" if total(0, f) == 0.0 => "met".to_string(),
             "0" => "NOT met".to_string(),
             "" => String::new(),
-            _ => match on.lo {
-                Some(lo) if lo > 0.0 => "met".into(),
-                Some(_) => "tie".into(),
-                None => "not measured".into(),
+            _ => match (on.lo, on.hi) {
+                (Some(lo), _) if lo > 0.0 => "met".into(),
+                // Wholly outside "> 0": none in any resample.
+                (Some(_), Some(hi)) if hi <= 0.0 => "NOT met".into(),
+                (Some(_), _) => "tie".into(),
+                (None, _) => "not measured".into(),
             },
         };
         rows.push(FlowRow {
@@ -712,6 +714,41 @@ mod tests {
             run_stats(&records, &[], 1000.0, 1.0, 0.0, 1),
             records,
         )
+    }
+
+    #[test]
+    fn no_sheddable_refused_in_any_run_is_not_met_not_a_tie() {
+        let plan = Plan {
+            bootstrap_resamples: 200,
+            analysis: crate::plan::AnalysisSpec {
+                flow: Some(FlowAnalysisSpec::default()),
+                ..crate::plan::AnalysisSpec::default()
+            },
+            ..Plan::default()
+        };
+        let unloaded = [("critical", "flood", 200, 100.0); 10];
+        // Flow control on answers everything: nothing shed, in every seed.
+        let answered: Vec<_> = (0..20)
+            .map(|i| {
+                let objective = if i % 4 == 0 { "critical" } else { "sheddable" };
+                (objective, "flood", 200, 150.0)
+            })
+            .collect();
+        let mut runs = Vec::new();
+        for seed in 0..3 {
+            runs.push(run("flow-on", "overload", seed, &answered));
+            runs.push(run("flow-off", "overload", seed, &answered));
+            runs.push(run("flow-on", "unloaded", seed, &unloaded));
+            runs.push(run("flow-off", "unloaded", seed, &unloaded));
+        }
+        let reports = analyse(&plan, &runs);
+        let shed = reports[0]
+            .rows
+            .iter()
+            .find(|r| r.figure.starts_with("sheddable answered 429"))
+            .unwrap();
+        assert_eq!(shed.on.hi, Some(0.0));
+        assert_eq!(shed.verdict, "NOT met");
     }
 
     #[test]
