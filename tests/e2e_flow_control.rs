@@ -70,7 +70,10 @@ fn request(
     let mut req = client
         .post(format!("http://{envoy}/v1/chat/completions"))
         .header("content-type", "application/json")
-        .body(chat_body(MODEL, &format!("{MARKER} {i}"), false, 4));
+        // Streamed, as clients that care about TTFT send: its first byte is its first token,
+        // which is what frees room (a non-streamed one's prefill is taken as done when
+        // predicted, so a stalled engine would not hold it).
+        .body(chat_body(MODEL, &format!("{MARKER} {i}"), true, 4));
     if let Some(o) = objective {
         req = req.header("x-llm-d-inference-objective", o);
     }
