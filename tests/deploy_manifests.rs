@@ -255,16 +255,6 @@ fn strings(v: &serde_norway::Value) -> Vec<String> {
         .collect()
 }
 
-/// The Envoy process of the drain test, killed when the test ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn sidecar_prestop_drains_envoy_and_a_request_in_flight_finishes() {
     // The manifest: Envoy drains at once when asked and exits after --drain-time-s; its own
@@ -320,50 +310,19 @@ async fn sidecar_prestop_drains_envoy_and_a_request_in_flight_finishes() {
         attach: false,
         ..EnvoyOptions::default()
     });
-    std::fs::write(dir.path().join("envoy.yaml"), yaml).unwrap();
-    let admin_file = dir.path().join("admin.txt");
     let test_drain_s = 3u64;
-    let mut envoy = Child(
-        Command::new(envoy_bin())
-            .arg("-c")
-            .arg(dir.path().join("envoy.yaml"))
-            .arg("--admin-address-path")
-            .arg(&admin_file)
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "-l",
-                "warning",
-            ])
-            .args(["--drain-time-s", &test_drain_s.to_string()])
-            .args(["--drain-strategy", &flag("--drain-strategy")])
-            .current_dir(dir.path())
-            .spawn()
-            .expect("run envoy"),
-    );
-    let client = reqwest::Client::new();
-    let (admin, listen) = poll_until("Envoy's admin and listener", STARTUP, || {
-        let text = std::fs::read_to_string(&admin_file).ok();
-        let client = client.clone();
-        async move {
-            let admin: SocketAddr = text?.trim().parse().ok()?;
-            let v: serde_json::Value = client
-                .get(format!("http://{admin}/listeners?format=json"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            let port = v["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
-                .as_u64()
-                .filter(|&p| p > 0)?;
-            Some((admin, SocketAddr::from(([127, 0, 0, 1], port as u16))))
-        }
-    })
+    let drain = test_drain_s.to_string();
+    let strategy = flag("--drain-strategy");
+    let mut envoy = Envoy::start_with_args(
+        &envoy_bin(),
+        dir.path(),
+        &yaml,
+        &["--drain-time-s", &drain, "--drain-strategy", &strategy],
+    )
     .await
     .unwrap();
+    let (admin, listen) = (envoy.admin, envoy.addr);
+    let client = reqwest::Client::new();
 
     let in_flight = tokio::spawn({
         let client = client.clone();
@@ -429,8 +388,5 @@ async fn sidecar_prestop_drains_envoy_and_a_request_in_flight_finishes() {
         "stopped before its drain time ({:?})",
         asked.elapsed()
     );
-    assert!(
-        envoy.0.try_wait().unwrap().is_none(),
-        "still running until stopped"
-    );
+    assert!(envoy.proc.alive(), "still running until stopped");
 }

@@ -647,9 +647,9 @@ async fn a_request_abandoned_before_its_response_is_released_after_the_grace() {
     assert_eq!(f.in_flight(), 0);
 }
 
-#[tokio::test]
-async fn observer_stream_cancelled_mid_response_releases() {
-    let f = Fixture::new();
+/// A request routed by a picker that then ended, and the observer stream watching its response
+/// after the response headers: one request in flight, held for the observer.
+async fn observed_after_its_picker(f: &Fixture) -> Stream {
     f.observers_in_use();
     let mut picker = f.stream();
     picker
@@ -667,6 +667,13 @@ async fn observer_stream_cancelled_mid_response_releases() {
         .on_message(response_headers("200", Some(forwarded(pick, None)), false))
         .await;
     assert_eq!(f.in_flight(), 1);
+    observer
+}
+
+#[tokio::test]
+async fn observer_stream_cancelled_mid_response_releases() {
+    let f = Fixture::new();
+    let observer = observed_after_its_picker(&f).await;
     assert_eq!(observer.outcome(), Outcome::Cancelled);
     drop(observer); // the client went away
     assert_eq!(f.in_flight(), 0);
@@ -678,23 +685,7 @@ async fn a_rejection_while_the_response_is_watched_releases_it() {
     // pace no longer does once the request is read) reports to the ticket: the in-flight
     // count does not wait for the sweeper.
     let f = Fixture::new();
-    f.observers_in_use();
-    let mut picker = f.stream();
-    picker
-        .on_message(request_headers(
-            BodySendMode::Buffered,
-            "/v1/chat/completions",
-            false,
-        ))
-        .await;
-    let (_, pick) =
-        destination(&picker.on_message(request_body(CHAT.as_bytes(), true)).await[0]).unwrap();
-    drop(picker);
-    let mut observer = f.stream();
-    observer
-        .on_message(response_headers("200", Some(forwarded(pick, None)), false))
-        .await;
-    assert_eq!(f.in_flight(), 1);
+    let mut observer = observed_after_its_picker(&f).await;
     observer.refuse_held_body();
     assert_eq!(f.in_flight(), 0, "released, not left to the sweeper");
 }

@@ -716,16 +716,21 @@ mod tests {
         )
     }
 
-    #[test]
-    fn no_sheddable_refused_in_any_run_is_not_met_not_a_tie() {
-        let plan = Plan {
+    /// A plan analysing the flow comparison with the default labels, 200 resamples.
+    fn flow_plan() -> Plan {
+        Plan {
             bootstrap_resamples: 200,
             analysis: crate::plan::AnalysisSpec {
                 flow: Some(FlowAnalysisSpec::default()),
                 ..crate::plan::AnalysisSpec::default()
             },
             ..Plan::default()
-        };
+        }
+    }
+
+    #[test]
+    fn no_sheddable_refused_in_any_run_is_not_met_not_a_tie() {
+        let plan = flow_plan();
         let unloaded = [("critical", "flood", 200, 100.0); 10];
         // Flow control on answers everything: nothing shed, in every seed.
         let answered: Vec<_> = (0..20)
@@ -753,14 +758,7 @@ mod tests {
 
     #[test]
     fn on_against_off_counts_sheds_losses_and_the_flooding_share() {
-        let plan = Plan {
-            bootstrap_resamples: 200,
-            analysis: crate::plan::AnalysisSpec {
-                flow: Some(FlowAnalysisSpec::default()),
-                ..crate::plan::AnalysisSpec::default()
-            },
-            ..Plan::default()
-        };
+        let plan = flow_plan();
         let unloaded = [("critical", "flood", 200, 100.0); 10];
         let mut runs = Vec::new();
         for seed in 0..5 {
@@ -838,13 +836,7 @@ mod tests {
 
     #[test]
     fn a_missing_arm_is_reported_not_guessed() {
-        let plan = Plan {
-            analysis: crate::plan::AnalysisSpec {
-                flow: Some(FlowAnalysisSpec::default()),
-                ..crate::plan::AnalysisSpec::default()
-            },
-            ..Plan::default()
-        };
+        let plan = flow_plan();
         let one = [("critical", "flood", 200, 100.0)];
         let runs = vec![run("flow-on", "overload", 1, &one)];
         let f = &analyse(&plan, &runs)[0];

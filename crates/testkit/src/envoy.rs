@@ -30,6 +30,16 @@ impl Envoy {
     /// domain) and one worker, and waits (at most [`STARTUP`]) until its admin and listener
     /// answer. The listener and admin in `yaml` must be on port 0 of a loopback address.
     pub async fn start(bin: &Path, dir: &Path, yaml: &str) -> Result<Envoy, HarnessError> {
+        Self::start_with_args(bin, dir, yaml, &[]).await
+    }
+
+    /// [`Envoy::start`] with `extra` command-line arguments (e.g. `--drain-time-s`).
+    pub async fn start_with_args(
+        bin: &Path,
+        dir: &Path,
+        yaml: &str,
+        extra: &[&str],
+    ) -> Result<Envoy, HarnessError> {
         let dir = &std::path::absolute(dir).map_err(HarnessError::io(format!(
             "absolute path of {}",
             dir.display()
@@ -51,6 +61,7 @@ impl Envoy {
                 "-l",
                 "warning",
             ])
+            .args(extra)
             .current_dir(dir);
         let (mut proc, _) = Proc::spawn("envoy", cmd, dir, 0)?;
         let admin = poll::poll_until("Envoy's admin address", STARTUP, || {
