@@ -110,8 +110,9 @@ impl<T> InflightTable<T> {
         self.shard(id).lock().insert(id, parked);
     }
 
-    /// Schedules `id`'s predicted first byte at `at` (an unwatched request: no observer will
-    /// report the real one); [`Self::take_due`] returns it from then on.
+    /// Schedules `id`'s predicted first byte at `at` (no observer will report the real one in
+    /// time: an unwatched request, or a non-streamed one, whose first byte comes after its whole
+    /// answer); [`Self::take_due`] returns it from then on.
     pub fn schedule(&self, id: u64, at: Instant) {
         let mut due = self.due.lock();
         let earliest = due.peek().is_none_or(|Reverse((first, _))| at < *first);
