@@ -153,16 +153,19 @@ impl SglangCacheAware {
             } else {
                 matched_tokens as f64 / request.prompt_tokens as f64
             };
-            let chosen = if match_rate > self.config.cache_threshold {
-                deepest
-            } else {
-                // The smallest tree among every worker the tree knows (fixed order on ties).
-                state
-                    .tree
-                    .sizes()
-                    .min_by_key(|&(t, size)| (size, self.arbitrary(&state.tree, t)))
-                    .map(|(t, _)| t)
-            };
+            let chosen =
+                if match_rate > self.config.cache_threshold {
+                    deepest
+                } else {
+                    // The smallest tree among this decision's workers (fixed order on
+                    // ties). The tree is shared by every model and keeps every address it
+                    // saw; SGLang's is per model and drops a removed worker, so another
+                    // model's endpoint or a departed one must not be "smallest" (the
+                    // request went to the first candidate, inserted nowhere, for good).
+                    tenants.iter().flatten().copied().min_by_key(|&t| {
+                        (state.tree.size_tokens(t), self.arbitrary(&state.tree, t))
+                    })
+                };
             match chosen.and_then(position) {
                 Some(i) => (i, true),
                 // Not available: SGLang sends the request to the first healthy worker and
@@ -262,6 +265,24 @@ mod tests {
         assert_ne!(first, second);
         // Another: endpoint `second` has 32 tokens, `first` 64: `second` again.
         assert_eq!(p.rank_at(now, &prompt(&[7]), &cands).pick(), second);
+    }
+
+    #[test]
+    fn a_miss_goes_to_the_smallest_tree_of_this_decisions_workers() {
+        // The tree is shared by every model and remembers every address: another model's
+        // endpoint (or a departed one) with a smaller tree must not take the miss away.
+        let p = policy();
+        let now = Instant::now();
+        p.rank_at(now, &prompt(&[100]), &[candidate(3, 0, 0)]); // elsewhere: 16 tokens
+        let cands = [candidate(1, 0, 0), candidate(2, 0, 0)];
+        p.rank_at(now, &prompt(&[1, 2, 3, 4]), &cands); // one tree at 64
+        let small = p.rank_at(now, &prompt(&[5, 6]), &cands).pick(); // the other at 32
+        let first = p.rank_at(now, &prompt(&[7]), &cands);
+        assert_eq!(first.pick(), small, "the smaller of its own workers");
+        // And the prompt went into that tree: the same prompt now matches.
+        let again = p.rank_at(now, &prompt(&[7]), &cands);
+        assert_eq!(again.pick(), small);
+        assert_eq!(again.scores[again.pick()], Some(1.0), "{again:?}");
     }
 
     #[test]
