@@ -14,6 +14,16 @@ use super::shard::MAX_SLOT;
 
 const NIL: u32 = u32::MAX;
 
+/// A request's pin on a slot, as [`EndpointLru::pin`] took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pin {
+    slot: u32,
+    /// The block's record then.
+    record: u32,
+    /// The slot's removals then.
+    removals: u8,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Node {
     /// The block's record, as the index packs it.
@@ -46,6 +56,9 @@ pub(crate) struct EndpointLru {
     /// Per slot, how many open requests pin it (0: in the list). Saturates: past 255 a pin is
     /// refused (its caller does not unpin it either).
     pins: Pages<u8>,
+    /// Per slot, how many times it was removed (wrapping): a pin taken before a removal must
+    /// not take back a pin of the block that reuses the slot, even with the same record.
+    removals: Pages<u8>,
     /// Slots with a pin (not in the list). At most `capacity` ([`Self::can_pin`]), so a list
     /// over its capacity always has an unpinned block to evict.
     pub(crate) pinned: usize,
@@ -67,6 +80,7 @@ impl EndpointLru {
             generation: 0,
             confirmed: 0,
             pins: Pages::default(),
+            removals: Pages::default(),
             pinned: 0,
             retired: false,
         }
@@ -115,6 +129,7 @@ impl EndpointLru {
                 "recency slots exhausted"
             );
             self.pins.push(0);
+            self.removals.push(0);
             self.nodes.push(node) as u32
         }
     }
@@ -157,9 +172,9 @@ impl EndpointLru {
     }
 
     /// Pins linked or pinned `slot` for one more request (out of the list: never evicted);
-    /// returns its record, or `None` when its count is full (then it is not pinned again).
-    /// The caller checks [`Self::can_pin`] first.
-    pub(crate) fn pin(&mut self, slot: u32) -> Option<u32> {
+    /// returns the pin to give back, or `None` when its count is full (then it is not pinned
+    /// again). The caller checks [`Self::can_pin`] first.
+    pub(crate) fn pin(&mut self, slot: u32) -> Option<Pin> {
         let pins = self.pins[slot as usize];
         if pins == u8::MAX {
             return None;
@@ -169,18 +184,30 @@ impl EndpointLru {
             self.pinned += 1;
         }
         self.pins[slot as usize] = pins + 1;
-        Some(self.nodes[slot as usize].record)
+        Some(Pin {
+            slot,
+            record: self.nodes[slot as usize].record,
+            removals: self.removals[slot as usize],
+        })
     }
 
-    /// Takes back one pin of `slot`, taken while it held `record`; the last one links it as most
-    /// recently used. Nothing if the slot holds no pin or another block now (it was removed
-    /// since the pin).
-    pub(crate) fn unpin(&mut self, slot: u32, record: u32) {
+    /// Takes back `pin`; the slot's last pin links it as most recently used. Nothing if the
+    /// slot holds no pin or was removed since the pin (another block, or the same block added
+    /// again: its pins are another request's).
+    pub(crate) fn unpin(&mut self, pin: Pin) {
+        let Pin {
+            slot,
+            record,
+            removals,
+        } = pin;
         if slot as usize >= self.pins.len() {
             return;
         }
         let pins = self.pins[slot as usize];
-        if pins == 0 || self.nodes[slot as usize].record != record {
+        if pins == 0
+            || self.nodes[slot as usize].record != record
+            || self.removals[slot as usize] != removals
+        {
             return;
         }
         self.pins[slot as usize] = pins - 1;
@@ -206,6 +233,7 @@ impl EndpointLru {
 
     /// Removes `slot` (pinned or not: the engine's word, or a clear); returns its record.
     pub(crate) fn remove(&mut self, slot: u32) -> u32 {
+        self.removals[slot as usize] = self.removals[slot as usize].wrapping_add(1);
         if self.pins[slot as usize] > 0 {
             self.pins[slot as usize] = 0;
             self.pinned -= 1;
@@ -325,37 +353,58 @@ mod tests {
         let b = push(&mut lru, 2);
         let c = push(&mut lru, 3);
         assert!(lru.can_pin(3) && !lru.can_pin(4));
-        assert_eq!(lru.pin(a), Some(1));
-        assert_eq!(lru.pin(a), Some(1), "a second request");
+        let pin_a = lru.pin(a).unwrap();
+        assert_eq!(lru.pin(a), Some(pin_a), "a second request");
         assert_eq!((lru.pinned, lru.len()), (1, 3));
         assert_eq!(order(&lru), [3, 2, 1], "listed first, then the pinned");
         assert_eq!(lru.lru(), Some((b, 2)), "the pinned one is skipped");
         lru.touch(a); // no-op while pinned
         assert_eq!(lru.lru(), Some((b, 2)));
-        lru.unpin(a, 1);
+        lru.unpin(pin_a);
         assert_eq!(lru.lru(), Some((b, 2)), "one pin left");
-        lru.unpin(a, 99); // taken for another block: ignored
-        lru.unpin(a, 1);
+        lru.unpin(Pin {
+            record: 99,
+            ..pin_a
+        }); // taken for another block: ignored
+        lru.unpin(pin_a);
         assert_eq!(lru.pinned, 0);
         assert_eq!(order(&lru), [1, 3, 2], "most recent once its last pin went");
-        lru.unpin(a, 1); // no pin left: ignored
+        lru.unpin(pin_a); // no pin left: ignored
         assert_eq!(order(&lru), [1, 3, 2]);
         // A pinned slot removed (the engine's word) frees its pin; a stale unpin is ignored.
-        lru.pin(c);
+        let pin_c = lru.pin(c).unwrap();
         assert_eq!(lru.remove(c), 3);
         assert_eq!((lru.pinned, lru.len()), (0, 2));
         let d = push(&mut lru, 4);
         assert_eq!(d, c, "slot reused");
-        lru.unpin(c, 3);
+        lru.unpin(pin_c);
         assert_eq!(order(&lru), [4, 1, 2]);
         // Saturation: a slot pinned 255 times takes no more pins.
-        for _ in 0..255 {
+        let pin_d = lru.pin(d).unwrap();
+        for _ in 1..255 {
             assert!(lru.pin(d).is_some());
         }
         assert_eq!(lru.pin(d), None);
         for _ in 0..255 {
-            lru.unpin(d, 4);
+            lru.unpin(pin_d);
         }
         assert_eq!((lru.pinned, order(&lru)), (0, vec![4, 1, 2]));
+    }
+
+    #[test]
+    fn a_pin_from_before_a_removal_does_not_take_back_the_readded_blocks() {
+        // Request A pins block 1; the engine removes it; request B adds the same block again,
+        // in the same slot with the same record, and pins it. A's end must leave B's pin.
+        let mut lru = EndpointLru::new(3);
+        let slot = push(&mut lru, 1);
+        let a = lru.pin(slot).unwrap();
+        lru.remove(slot);
+        assert_eq!(push(&mut lru, 1), slot, "the same slot, the same record");
+        let b = lru.pin(slot).unwrap();
+        lru.unpin(a);
+        assert_eq!(lru.pinned, 1, "B's pin stays");
+        assert_eq!(lru.lru(), None, "and the block is not evictable");
+        lru.unpin(b);
+        assert_eq!((lru.pinned, lru.lru()), (0, Some((slot, 1))));
     }
 }

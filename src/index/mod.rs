@@ -207,8 +207,8 @@ pub struct PendingBlocks {
     generation: u64,
     /// Blocks held beyond the capacity (0 once prefilled).
     blocks: usize,
-    /// (slot, record) of each block pinned, last block first; empty once released.
-    pins: Vec<(u32, u32)>,
+    /// Each block pinned, last block first; empty once released.
+    pins: Vec<lru::Pin>,
 }
 
 impl PendingBlocks {
@@ -439,14 +439,14 @@ impl OwnershipIndex {
 
     /// [`Self::insert`] into `state`, looked up earlier (maybe before a retirement). With
     /// `routed` (a routed request's claim), the blocks added count as pending and every block is
-    /// pinned, its (slot, record) pushed there, if all fit ([`EndpointLru::can_pin`]). Returns
+    /// pinned, its pin pushed there, if all fit ([`EndpointLru::can_pin`]). Returns
     /// how many counted as pending, and the list's generation.
     fn insert_into(
         &self,
         state: &Mutex<EndpointLru>,
         endpoint: EndpointId,
         hashes: &[u64],
-        routed: Option<&mut Vec<(u32, u32)>>,
+        routed: Option<&mut Vec<lru::Pin>>,
         update: impl Fn(&mut Holder),
     ) -> (usize, u64) {
         let mut lru = state.lock();
@@ -490,8 +490,8 @@ impl OwnershipIndex {
                 }
             };
             if let (Some(slot), Some(pins)) = (slot, pins.as_deref_mut()) {
-                if let Some(record) = lru.pin(slot) {
-                    pins.push((slot, record));
+                if let Some(pin) = lru.pin(slot) {
+                    pins.push(pin);
                 }
             }
             while lru.over_capacity() && self.evict_lru(endpoint, &mut lru, now) {}
@@ -518,8 +518,8 @@ impl OwnershipIndex {
         if lru.retired || lru.generation != claim.generation {
             return;
         }
-        for &(slot, record) in &claim.pins {
-            lru.unpin(slot, record);
+        for &pin in &claim.pins {
+            lru.unpin(pin);
         }
         // Over the capacity only if the pins kept it there (a capacity lowered meanwhile).
         let now = self.now_ms();

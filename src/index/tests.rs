@@ -614,3 +614,25 @@ fn pending_blocks_are_bounded_and_a_clear_ends_their_claims() {
     drop(late);
     assert!(idx.stats().endpoints.iter().all(|e| e.endpoint != 1));
 }
+
+/// Request A pins block 7; the engine removes it; request B (the same prefix, same home) adds
+/// it again, into the same slot with the same record. A's end must not take B's pin: block 7
+/// is not evictable while B runs.
+#[test]
+fn a_pin_taken_before_a_removal_leaves_the_readded_blocks_pin() {
+    let (idx, _) = index(4, 60_000);
+    let idx = Arc::new(idx);
+    let mut a = idx.insert_routed(0, &[7]).unwrap();
+    idx.remove(0, &[7], None);
+    let b = idx.insert_routed(0, &[7]).unwrap();
+    a.release();
+    assert_eq!(idx.stats().endpoints[0].pinned_blocks, 1, "B's pin stays");
+    idx.insert_predicted(0, &[1, 2, 3, 4, 5]).unwrap();
+    assert_eq!(
+        blocks(&idx.lookup(&[7], &[0])),
+        [1],
+        "not evicted while B runs"
+    );
+    drop(b);
+    assert_eq!(idx.stats().endpoints[0].pinned_blocks, 0);
+}
