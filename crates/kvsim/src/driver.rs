@@ -141,7 +141,14 @@ pub async fn run(
             _ => now,
         };
         engine.schedule(&mut plan, start);
-        loop_state.flush(&mut engine);
+        // KV events go out when the step ends, the schedule's (blocks allocated, evicted) and
+        // the step's in one batch, as vLLM publishes them in `update_from_output`, after the
+        // forward pass: a subscriber learns of a prompt's blocks a step after they were
+        // allocated. (Until 2026-12-06 they went out at the step's start, which spared an
+        // event-fed router the lag it has against vLLM.) A plan without a step flushes now.
+        if plan.items.is_empty() {
+            loop_state.flush(&mut engine);
+        }
         if plan.items.is_empty() {
             if plan.preempted == 0 {
                 clock = None;

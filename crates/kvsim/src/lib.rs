@@ -54,7 +54,10 @@
 //!   vLLM's JSON shape: 400 bad body / too long, 404 unknown model. Every response carries
 //!   [`REPLICA_HEADER`].
 //! - KV events ([`kv_events`], [`publisher`]): ZMQ PUB, vLLM 0.32's wire format (msgpack maps
-//!   with `type`), one batch per step, binding for wildcard endpoints and connecting otherwise.
+//!   with `type`), one batch per step, published when the step ends (as vLLM publishes in
+//!   `update_from_output`, after the forward pass: a prompt's blocks a step after their
+//!   allocation; until 2026-12-06 at the step's start), binding for wildcard endpoints and
+//!   connecting otherwise.
 //! - Admin ([`admin`], loopback peers only, else 403; durations are real time):
 //!   - `GET /admin/state`: engine state (running, waiting, free/cached blocks, usage, stall).
 //!   - `POST /admin/fail` `{"status":500,"count":N,"duration_ms":M,"message":"…"}`: answer
