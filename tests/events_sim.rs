@@ -272,6 +272,12 @@ async fn under_eviction_pressure_removed_blocks_leave_the_index() {
         f.events.status()[0].counters.blocks_removed > 0
     })
     .await;
+    // The last step's events come as vLLM's do, after its forward pass (and so after the
+    // answer): wait for them, since the counts before and after them are both 24.
+    eventually("the newest prompt's blocks", || {
+        f.held(0, &prompts[5]).blocks == 5
+    })
+    .await;
     let held = f.settled(0, 1).await;
     assert!(held <= 24, "{held}");
     let per_prompt: Vec<u32> = prompts.iter().map(|p| f.held(0, p).blocks).collect();
