@@ -101,6 +101,14 @@ async fn recv(sub: &mut SubSocket, within: Duration) -> Option<Message> {
     }
 }
 
+/// A SUB socket connected to `endpoint`, subscribed to everything.
+async fn subscriber(endpoint: &str) -> SubSocket {
+    let mut sub = SubSocket::new();
+    sub.connect(endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    sub
+}
+
 /// Sends distinct requests until the subscriber receives something (PUB/SUB drops messages
 /// sent before the subscription is registered); returns that first message.
 async fn first_message(app: &axum::Router, sub: &mut SubSocket, seed: u32) -> Message {
@@ -215,9 +223,7 @@ async fn bound_publisher_sends_vllm_shaped_events_whose_hashes_chain() {
         .expect("publishing")
         .to_string();
     assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
-    let mut sub = SubSocket::new();
-    sub.connect(&endpoint).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
+    let mut sub = subscriber(&endpoint).await;
     let first = first_message(&app, &mut sub, 100).await;
     assert_eq!(first.topic, Bytes::from_static(b"kv@r1"));
 
@@ -377,11 +383,7 @@ async fn lora_requests_carry_the_adapter_in_events() {
     let mut cfg = events_config("tcp://127.0.0.1:0", "");
     cfg.adapters = vec!["sql".into(), "chat".into()];
     let (replica, app) = start(cfg).await;
-    let mut sub = SubSocket::new();
-    sub.connect(replica.kv_events_endpoint().unwrap())
-        .await
-        .unwrap();
-    sub.subscribe("").await.unwrap();
+    let mut sub = subscriber(replica.kv_events_endpoint().unwrap()).await;
     first_message(&app, &mut sub, 500).await;
     let mut body = tokens_body(&ids(9, 32), 1);
     body["model"] = "chat".into();
@@ -399,9 +401,7 @@ async fn lora_requests_carry_the_adapter_in_events() {
 async fn bound_publisher_rebinds_its_port_after_a_restart() {
     let (replica, app) = start(events_config("tcp://127.0.0.1:0", "")).await;
     let endpoint = replica.kv_events_endpoint().unwrap().to_string();
-    let mut sub = SubSocket::new();
-    sub.connect(&endpoint).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
+    let mut sub = subscriber(&endpoint).await;
     let before = first_message(&app, &mut sub, 600).await;
     call(
         &app,
@@ -440,11 +440,7 @@ async fn the_cpu_tier_reports_its_blocks_with_medium_cpu() {
         ..kvsim::CpuOffloadConfig::default()
     });
     let (replica, app) = start(cfg).await;
-    let mut sub = SubSocket::new();
-    sub.connect(replica.kv_events_endpoint().expect("publishing"))
-        .await
-        .expect("connect");
-    sub.subscribe("").await.expect("subscribe");
+    let mut sub = subscriber(replica.kv_events_endpoint().expect("publishing")).await;
     let mut messages = vec![first_message(&app, &mut sub, 300).await];
     // A: 4 blocks; B fills the GPU and pushes A out; A again.
     let a = ids(31, 65);
@@ -531,11 +527,7 @@ async fn a_prompts_blocks_are_published_when_its_prefill_step_ends_not_when_it_s
         }]);
     assert!(step_ms > 50.0, "a step long enough to tell: {step_ms} ms");
     let (replica, app) = start(cfg).await;
-    let mut sub = SubSocket::new();
-    sub.connect(replica.kv_events_endpoint().unwrap())
-        .await
-        .unwrap();
-    sub.subscribe("").await.unwrap();
+    let mut sub = subscriber(replica.kv_events_endpoint().unwrap()).await;
     first_message(&app, &mut sub, 900).await;
     // Nothing else in flight: drain what the warm-up left.
     while recv(&mut sub, Duration::from_millis(300)).await.is_some() {}
