@@ -186,9 +186,22 @@ impl EndpointHealth {
         (permit, t.map(Change::breaker))
     }
 
-    /// Records a request's outcome (`ok`: it was served without a failure status).
-    pub fn record_request(&self, ok: bool, now: Instant, cfg: &HealthConfig) -> Option<Change> {
+    /// Records a routed request's outcome (`ok`: served without a failure status); `trial`: it
+    /// held one of the half-open breaker's trial slots. While the breaker is half-open only trials count: a request that went
+    /// without a slot (a decision racing the one that took it) or was sent before the breaker
+    /// opened must not close it early (any success counted toward `success_threshold`) nor
+    /// reopen it on stale news.
+    pub fn record_request(
+        &self,
+        ok: bool,
+        trial: bool,
+        now: Instant,
+        cfg: &HealthConfig,
+    ) -> Option<Change> {
         self.update(|inner| {
+            if !trial && inner.breaker.state(now) == BreakerState::HalfOpen {
+                return None;
+            }
             let t = if ok {
                 inner.breaker.on_success(now, &cfg.breaker)
             } else {
@@ -276,10 +289,10 @@ mod tests {
         let cfg = HealthConfig::default();
         let h = EndpointHealth::default();
         assert!(h.is_clean());
-        h.record_request(false, Instant::now(), &cfg);
+        h.record_request(false, false, Instant::now(), &cfg);
         assert!(!h.is_clean(), "a failure counted, the breaker still closed");
         assert_eq!(h.admission(Instant::now(), &cfg), Admission::Yes);
-        h.record_request(true, Instant::now(), &cfg);
+        h.record_request(true, false, Instant::now(), &cfg);
         assert!(h.is_clean());
         h.record_probe(false, &cfg);
         h.record_probe(false, &cfg);
@@ -326,9 +339,9 @@ mod tests {
         let h = Arc::new(EndpointHealth::default());
         let now = Instant::now;
         for _ in 0..2 {
-            assert_eq!(h.record_request(false, now(), &cfg), None);
+            assert_eq!(h.record_request(false, false, now(), &cfg), None);
         }
-        let c = h.record_request(false, now(), &cfg).expect("opens");
+        let c = h.record_request(false, false, now(), &cfg).expect("opens");
         assert_eq!((c.cause, c.to), (Cause::Breaker, "open"));
         assert_eq!(h.admission(now(), &cfg), Admission::No);
         tokio::time::advance(Duration::from_millis(cfg.breaker.open_ms)).await;
@@ -343,10 +356,38 @@ mod tests {
         for _ in 0..2 {
             let (permit, _) = h.begin_trial(now(), &cfg);
             let permit = permit.expect("slot");
-            h.record_request(true, now(), &cfg);
+            h.record_request(true, true, now(), &cfg);
             drop(permit);
         }
         assert_eq!(h.admission(now(), &cfg), Admission::Yes);
+        assert_eq!(h.snapshot(now(), &cfg).breaker, BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_half_open_only_trials_outcomes_count() {
+        let cfg = HealthConfig::default();
+        let h = Arc::new(EndpointHealth::default());
+        let now = Instant::now;
+        for _ in 0..cfg.breaker.failure_threshold {
+            h.record_request(false, false, now(), &cfg);
+        }
+        tokio::time::advance(Duration::from_millis(cfg.breaker.open_ms)).await;
+        let half_open = || h.snapshot(now(), &cfg).breaker == BreakerState::HalfOpen;
+        assert!(half_open());
+        // Requests without a slot (a racing decision, one sent before it opened): neither
+        // their successes close it nor a late failure reopens it.
+        for _ in 0..cfg.breaker.success_threshold + 1 {
+            assert_eq!(h.record_request(true, false, now(), &cfg), None);
+        }
+        assert_eq!(h.record_request(false, false, now(), &cfg), None);
+        assert!(half_open(), "decided by trials only");
+        // The trials decide.
+        for _ in 0..cfg.breaker.success_threshold {
+            let (permit, _) = h.begin_trial(now(), &cfg);
+            let permit = permit.expect("a slot");
+            h.record_request(true, true, now(), &cfg);
+            drop(permit);
+        }
         assert_eq!(h.snapshot(now(), &cfg).breaker, BreakerState::Closed);
     }
 

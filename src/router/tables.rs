@@ -228,10 +228,16 @@ impl Tables {
 
     /// Records the outcome of a request served by `ep` (`ok`: no failure status, and not
     /// retried elsewhere) into its circuit breaker, judged by `health`.
-    pub(crate) fn record_outcome(&self, ep: &Endpoint, ok: bool, health: &HealthConfig) {
-        if let Some(change) = ep
-            .health
-            .record_request(ok, tokio::time::Instant::now(), health)
+    pub(crate) fn record_outcome(
+        &self,
+        ep: &Endpoint,
+        ok: bool,
+        trial: bool,
+        health: &HealthConfig,
+    ) {
+        if let Some(change) =
+            ep.health
+                .record_request(ok, trial, tokio::time::Instant::now(), health)
         {
             self.report_health(ep, change);
         }

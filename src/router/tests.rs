@@ -121,9 +121,11 @@ fn one_request_per_interval_is_watched_and_the_rest_free_their_prefill_when_due(
 
     // A failure counted there: every request is watched until a good response, so the next
     // outcomes decide the breaker as quickly as before.
-    r.tables.record_outcome(&ep, false, &config(&r).health);
+    r.tables
+        .record_outcome(&ep, false, false, &config(&r).health);
     assert!((0..3).all(|_| decide_now(&r, &req, ctx).unwrap().ticket.watched()));
-    r.tables.record_outcome(&ep, true, &config(&r).health);
+    r.tables
+        .record_outcome(&ep, true, false, &config(&r).health);
     assert!(!decide_now(&r, &req, ctx).unwrap().ticket.watched());
 
     // Another endpoint has an interval of its own; 0 watches every request.
@@ -836,7 +838,8 @@ pools:
         let req = request::parse(ApiKind::ChatCompletions, &body).unwrap();
         let ep = endpoints(&r).get(&addr(8001)).cloned().unwrap();
         for _ in 0..3 {
-            r.tables.record_outcome(&ep, false, &config(&r).health);
+            r.tables
+                .record_outcome(&ep, false, false, &config(&r).health);
         }
         let picks = |n: usize| -> Vec<Decision> {
             (0..n)
@@ -872,7 +875,7 @@ pools:
                 d.ticket.watched(),
                 "its outcome closes or reopens the breaker"
             );
-            r.tables.record_outcome(&ep, true, &config(&r).health);
+            r.tables.record_outcome(&ep, true, true, &config(&r).health);
         }
         let held = picks(6);
         assert_eq!(

@@ -243,8 +243,12 @@ impl Ticket {
                 failed,
                 "served by another endpoint than the pick"
             );
-            for failed in &self.destinations[..failed] {
-                self.tables.record_outcome(failed, false, health);
+            // The pick (the first) failed on its own trial slot if it had one: that reopens
+            // a half-open breaker; the fallbacks had none.
+            let pick_trial = self.trial.is_some();
+            for (i, failed) in self.destinations[..failed].iter().enumerate() {
+                self.tables
+                    .record_outcome(failed, false, i == 0 && pick_trial, health);
             }
             // Nothing learned about the pick's speed or its trial from another's response.
             self.trial = None;
@@ -267,8 +271,9 @@ impl Ticket {
         if let Some(code) = facts.status {
             // Envoy's own 503 after exhausted retries lands on the last endpoint it tried.
             let ok = !is_failure_status(code);
-            self.tables.record_outcome(&self.endpoint, ok, health);
-            self.trial = None;
+            let trial = self.trial.take().is_some();
+            self.tables
+                .record_outcome(&self.endpoint, ok, trial, health);
             // Only an answer prefilled the prompt: an error body (a 400 for a prompt over the
             // context, a 429) comes at once and would teach a speed of millions of tokens a
             // second, weighted by the largest prompts.
