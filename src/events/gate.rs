@@ -301,10 +301,21 @@ fn peer_lost(ip: IpAddr, routes: &Routes, shared: &Shared) {
     }
 }
 
+/// The relay task of [`connect_checked`] (none for other transports), aborted when dropped:
+/// keep it as long as the socket it feeds.
+pub(crate) struct Relay(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// The way a connecting socket reaches its publisher at `endpoint` through a [`FrameCheck`]:
 /// for `tcp://host:port`, connects there itself, and returns a loopback endpoint for the local
-/// `zeromq` socket to connect to instead, with the relay's task (abort it when the socket is
-/// done). The first connection accepted there is relayed to the publisher, whose bytes go
+/// `zeromq` socket to connect to instead, with the relay. The first connection accepted there is relayed to the publisher, whose bytes go
 /// through the check; the relay ends, closing both, when either side closes or the check
 /// refuses. Other transports (`ipc://`) are returned as they are, with no task.
 ///
@@ -314,9 +325,9 @@ fn peer_lost(ip: IpAddr, routes: &Routes, shared: &Shared) {
 pub(crate) async fn connect_checked(
     endpoint: &str,
     shared: &Arc<Shared>,
-) -> std::io::Result<(String, Option<tokio::task::JoinHandle<()>>)> {
+) -> std::io::Result<(String, Relay)> {
     let Some(remote) = endpoint.strip_prefix("tcp://") else {
-        return Ok((endpoint.to_string(), None));
+        return Ok((endpoint.to_string(), Relay(None)));
     };
     let upstream = TcpStream::connect(remote).await?;
     let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
@@ -332,7 +343,7 @@ pub(crate) async fn connect_checked(
             tracing::debug!("kv events: publisher connection closed: {e}");
         }
     });
-    Ok((format!("tcp://{local}"), Some(task)))
+    Ok((format!("tcp://{local}"), Relay(Some(task))))
 }
 
 /// Relays one publisher connection: its bytes through a [`FrameCheck`] to `inner`, the SUB

@@ -82,10 +82,9 @@ async fn exchange(
 ) -> Result<Vec<Batch>, ReplayError> {
     // Through the gate's frame check, as the live socket (the publisher may be a discovered
     // address: not trusted with a frame header `zeromq` would abort on).
-    let (target, relay) = super::gate::connect_checked(endpoint, shared)
+    let (target, _relay) = super::gate::connect_checked(endpoint, shared)
         .await
         .map_err(|e| ReplayError::Socket(zeromq::ZmqError::Network(e)))?;
-    let _relay = super::subscriber::AbortOnDrop(relay);
     let mut socket = DealerSocket::new();
     socket.connect(&target).await?;
     let mut request = ZmqMessage::from(Bytes::new());

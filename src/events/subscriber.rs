@@ -81,7 +81,7 @@ pub(crate) async fn run_connect(
         }
         // The publisher's bytes reach zeromq through the gate's frame check (a discovered
         // address is not trusted); connected means connected to the publisher.
-        let (target, relay) = match super::gate::connect_checked(&endpoint, &shared).await {
+        let (target, _relay) = match super::gate::connect_checked(&endpoint, &shared).await {
             Ok(gated) => gated,
             Err(e) => {
                 tracing::debug!(%endpoint, "kv events: connect failed, retrying: {e}");
@@ -89,7 +89,6 @@ pub(crate) async fn run_connect(
                 continue;
             }
         };
-        let relay = AbortOnDrop(relay);
         // zeromq's connect waits for the publisher (up to its connect timeout) and reconnects by
         // itself after it succeeded once; until then, retry here.
         if let Err(e) = socket.connect(&target).await {
@@ -116,18 +115,6 @@ pub(crate) async fn run_connect(
             &mut overlap,
         )
         .await;
-        drop(relay);
-    }
-}
-
-/// A relay task (or none) aborted when this goes out of scope.
-pub(crate) struct AbortOnDrop(pub(crate) Option<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(task) = &self.0 {
-            task.abort();
-        }
     }
 }
 

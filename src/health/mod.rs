@@ -187,10 +187,10 @@ impl EndpointHealth {
     }
 
     /// Records a routed request's outcome (`ok`: served without a failure status); `trial`: it
-    /// held one of the half-open breaker's trial slots. While the breaker is half-open only trials count: a request that went
-    /// without a slot (a decision racing the one that took it) or was sent before the breaker
-    /// opened must not close it early (any success counted toward `success_threshold`) nor
-    /// reopen it on stale news.
+    /// held one of the half-open breaker's trial slots. While the breaker is half-open only
+    /// trials count: a request that went without a slot (a decision racing the one that took
+    /// it) or was sent before the breaker opened must not close it early (any success counted
+    /// toward `success_threshold`) nor reopen it on stale news.
     pub fn record_request(
         &self,
         ok: bool,

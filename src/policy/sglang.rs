@@ -153,19 +153,21 @@ impl SglangCacheAware {
             } else {
                 matched_tokens as f64 / request.prompt_tokens as f64
             };
-            let chosen =
-                if match_rate > self.config.cache_threshold {
-                    deepest
-                } else {
-                    // The smallest tree among this decision's workers (fixed order on
-                    // ties). The tree is shared by every model and keeps every address it
-                    // saw; SGLang's is per model and drops a removed worker, so another
-                    // model's endpoint or a departed one must not be "smallest" (the
-                    // request went to the first candidate, inserted nowhere, for good).
-                    tenants.iter().flatten().copied().min_by_key(|&t| {
-                        (state.tree.size_tokens(t), self.arbitrary(&state.tree, t))
-                    })
-                };
+            // A miss goes to the smallest tree among this decision's workers (fixed order on
+            // ties). The tree is shared by every model and keeps every address it saw;
+            // SGLang's is per model and drops a removed worker, so another model's endpoint or
+            // a departed one must not be "smallest" (the request went to the first candidate,
+            // inserted nowhere, for good).
+            let smallest = |t: Tenant| (state.tree.size_tokens(t), self.arbitrary(&state.tree, t));
+            let chosen = if match_rate > self.config.cache_threshold {
+                deepest
+            } else {
+                tenants
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .min_by_key(|&t| smallest(t))
+            };
             match chosen.and_then(position) {
                 Some(i) => (i, true),
                 // Not available: SGLang sends the request to the first healthy worker and

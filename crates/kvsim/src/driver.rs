@@ -148,8 +148,6 @@ pub async fn run(
         // event-fed router the lag it has against vLLM.) A plan without a step flushes now.
         if plan.items.is_empty() {
             loop_state.flush(&mut engine);
-        }
-        if plan.items.is_empty() {
             if plan.preempted == 0 {
                 clock = None;
                 match engine.next_load_ready() {
