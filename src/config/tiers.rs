@@ -79,10 +79,40 @@ impl ModelConfig {
 pub struct KvTiersConfig {
     /// Host memory (vLLM's `OffloadingConnector`, LMCache's local CPU backend). Default 20
     /// GB/s, 1 ms.
+    #[serde(deserialize_with = "cpu_tier")]
     pub cpu: KvTierConfig,
     /// Anything slower: local disk, a remote store (vLLM's `STORAGE`, LMCache's disk and
     /// remote backends). Default 3 GB/s, 5 ms.
+    #[serde(deserialize_with = "other_tier")]
     pub other: KvTierConfig,
+}
+
+/// A tier as written: fields left out take that tier's own defaults (a partial `other` block
+/// must not get the CPU tier's speed).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TierAsWritten {
+    bandwidth_gb_per_s: Option<f64>,
+    latency_ms: Option<f64>,
+    capacity_tokens: Option<u64>,
+}
+
+impl TierAsWritten {
+    fn over(self, d: KvTierConfig) -> KvTierConfig {
+        KvTierConfig {
+            bandwidth_gb_per_s: self.bandwidth_gb_per_s.unwrap_or(d.bandwidth_gb_per_s),
+            latency_ms: self.latency_ms.unwrap_or(d.latency_ms),
+            capacity_tokens: self.capacity_tokens.unwrap_or(d.capacity_tokens),
+        }
+    }
+}
+
+fn cpu_tier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<KvTierConfig, D::Error> {
+    Ok(TierAsWritten::deserialize(d)?.over(KvTiersConfig::default().cpu))
+}
+
+fn other_tier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<KvTierConfig, D::Error> {
+    Ok(TierAsWritten::deserialize(d)?.over(KvTiersConfig::default().other))
 }
 
 impl Default for KvTiersConfig {
@@ -263,6 +293,19 @@ mod tests {
         let tiers = c.pools[0].kv_tiers;
         assert_eq!(tiers.cpu.capacity_tokens, 1000);
         assert_eq!(tiers.other, KvTiersConfig::default().other, "defaults kept");
+        // A partial block keeps its own tier's defaults, not the CPU tier's.
+        let partial = Config::from_yaml(&format!(
+            "pools: [{{name: a, models: [m], kv_tiers: {{other: {{capacity_tokens: 7}}, cpu: {{latency_ms: 2}}}}, {POOL}}}]"
+        ))
+        .unwrap()
+        .pools[0]
+            .kv_tiers;
+        let d = KvTiersConfig::default();
+        assert_eq!(partial.other.capacity_tokens, 7);
+        assert_eq!(partial.other.bandwidth_gb_per_s, d.other.bandwidth_gb_per_s);
+        assert_eq!(partial.other.latency_ms, d.other.latency_ms);
+        assert_eq!(partial.cpu.latency_ms, 2.0);
+        assert_eq!(partial.cpu.bandwidth_gb_per_s, d.cpu.bandwidth_gb_per_s);
         assert!(Config::from_yaml("pools: [{name: a, kv_tiers: {cpu: {gbps: 3}}}]").is_err());
     }
 }
