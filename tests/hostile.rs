@@ -73,7 +73,7 @@ async fn buffered_bodies_share_one_budget() {
     let error: serde_json::Value = serde_json::from_str(&refused.body).expect("JSON error body");
     assert_eq!(error["error"]["code"], 503, "{}", refused.body);
     assert!(
-        !refused.body.contains("other other"),
+        !refused.body.contains("secret-other"),
         "no prompt text echoed"
     );
     // Small bodies still fit beside the holder.

@@ -162,8 +162,14 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(*offered.lock().unwrap(), 3, "offered until applied");
-        tokio::time::advance(RETRY_FAILED_APPLY * 3).await;
-        tokio::task::yield_now().await;
+        // Three retry periods in the same steps as above, so the poller's reads get their
+        // turns (one advance would let it tick once, and a wrong re-offer could not show).
+        let steps = RETRY_FAILED_APPLY.as_millis() * 3 / 100;
+        for _ in 0..steps {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         task.abort();
         assert_eq!(*offered.lock().unwrap(), 3, "settled: not offered again");
     }

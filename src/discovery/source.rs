@@ -155,8 +155,10 @@ mod tests {
         }
     }
 
+    /// Waits (10 s at most, then fails) until the registry holds exactly `ports`.
     async fn until(reg: &Registry, ports: &[u16]) {
         let mut versions = reg.subscribe();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let mut got: Vec<u16> = reg
                 .snapshot()
@@ -168,7 +170,10 @@ mod tests {
             if got == ports {
                 return;
             }
-            versions.changed().await.unwrap();
+            tokio::time::timeout_at(deadline, versions.changed())
+                .await
+                .unwrap_or_else(|_| panic!("registry never held {ports:?} (last {got:?})"))
+                .unwrap();
         }
     }
 

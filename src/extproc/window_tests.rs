@@ -148,10 +148,15 @@ async fn a_stream_waiting_for_the_heavy_lane_does_not_close_its_connection_to_ot
     }
     // Wait until the A streams put more on the wire than a 1 MiB connection window and what
     // the router read of them (their first chunks, a frame past each) could ever let through.
-    // With the bug they never do: the connection is closed and this wait gives up after 2 s.
+    // With the bug they never do: the connection is closed and this wait fails after 10 s.
     let saturated = (1 << 20) + WAITING * (CHUNK + (32 << 10));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while wire.load(Ordering::Relaxed) < saturated && tokio::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while wire.load(Ordering::Relaxed) < saturated {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the A streams never filled the connection: {} of {saturated} bytes on the wire",
+            wire.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 

@@ -239,7 +239,9 @@ mod tests {
 
     #[test]
     fn builtin_names_resolve() {
-        for name in StepProfile::builtin_names() {
+        let names = StepProfile::builtin_names();
+        assert!(names.contains(&"a100-llama3-8b"), "{names:?}");
+        for name in names {
             assert_eq!(StepProfile::builtin(name).unwrap().name, name);
         }
         assert!(StepProfile::builtin("nope").is_none());

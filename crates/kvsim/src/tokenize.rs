@@ -258,7 +258,11 @@ mod tests {
         let ids = t.encode("The quick brown fox, jumps!");
         assert!(ids.iter().all(|&id| (FIRST_PIECE_ID..32_000).contains(&id)));
         // Fixed values: a change here changes every simulated block hash; do it deliberately.
-        assert_eq!(t.encode("hello"), t.encode("hello"));
+        assert_eq!(t.encode("hello"), vec![19581]);
+        assert_eq!(
+            t.encode(" The quick brown fox"),
+            vec![11171, 18519, 8425, 26907]
+        );
         assert_eq!(t.piece_id(false, "hello"), t.encode("hello")[0]);
     }
 

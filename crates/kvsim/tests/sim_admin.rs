@@ -64,8 +64,14 @@ async fn injected_failures_answer_with_the_status_then_stop() {
         call(&app, "POST", "/v1/completions", Some(&body)).await.0,
         200
     );
-    call(&app, "POST", "/admin/fail", None).await;
-    call(&app, "DELETE", "/admin/fail", None).await;
+    // An open-ended injection fails requests until it is cleared.
+    assert_eq!(call(&app, "POST", "/admin/fail", None).await.0, 200);
+    assert_eq!(
+        call(&app, "POST", "/v1/completions", Some(&body)).await.0,
+        500,
+        "failing with no duration set"
+    );
+    assert_eq!(call(&app, "DELETE", "/admin/fail", None).await.0, 200);
     assert_eq!(
         call(&app, "POST", "/v1/completions", Some(&body)).await.0,
         200

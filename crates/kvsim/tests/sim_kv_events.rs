@@ -461,18 +461,49 @@ async fn the_cpu_tier_reports_its_blocks_with_medium_cpu() {
         }
         messages.push(recv(&mut sub, DEADLINE).await.expect("a batch"));
     }
-    while let Some(m) = recv(&mut sub, Duration::from_millis(300)).await {
-        messages.push(m);
-    }
-    let events: Vec<&Vec<(String, Mp)>> = messages.iter().flat_map(|m| m.events.iter()).collect();
-    let on = |kind: &str, medium: &str| -> Vec<u64> {
-        events
+    // A's four blocks, as the engine hashes them.
+    let mut hasher = BlockHasher::new(16, 0);
+    let a_hashes: Vec<u64> = (0..4)
+        .scan(None, |parent, k| {
+            let h = hasher.hash_block(*parent, &a[k * 16..(k + 1) * 16], 0, &HashKeys::default());
+            *parent = Some(h);
+            Some(h)
+        })
+        .collect();
+    // Hashes of the events of one kind in one medium, over every message read.
+    let on = |messages: &[Message], kind: &str, medium: &str| -> Vec<u64> {
+        messages
             .iter()
+            .flat_map(|m| m.events.iter())
             .filter(|e| field(e, "type").as_str() == Some(kind))
             .filter(|e| field(e, "medium").as_str() == Some(medium))
             .flat_map(|e| u64s(field(e, "block_hashes")))
             .collect()
     };
+    // A step's events come after its answer, in batches of their own: read until everything
+    // checked below has arrived (bounded by DEADLINE), not until a quiet spell.
+    let arrived = |messages: &[Message]| {
+        let gpu_stored = on(messages, "BlockStored", "GPU");
+        !on(messages, "BlockRemoved", "CPU").is_empty()
+            && a_hashes.iter().all(|h| {
+                on(messages, "BlockStored", "CPU").contains(h)
+                    && on(messages, "BlockRemoved", "GPU").contains(h)
+                    && gpu_stored.iter().filter(|&x| x == h).count() >= 2
+            })
+    };
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while !arrived(&messages) {
+        match recv(
+            &mut sub,
+            until.saturating_duration_since(tokio::time::Instant::now()),
+        )
+        .await
+        {
+            Some(m) => messages.push(m),
+            None => break,
+        }
+    }
+    let events: Vec<&Vec<(String, Mp)>> = messages.iter().flat_map(|m| m.events.iter()).collect();
     let placeholders: Vec<_> = events
         .iter()
         .filter(|e| field(e, "medium").as_str() == Some("CPU"))
@@ -484,19 +515,11 @@ async fn the_cpu_tier_reports_its_blocks_with_medium_cpu() {
         assert!(field(e, "token_ids").as_array().unwrap().is_empty());
         assert!(field(e, "parent_block_hash").is_nil());
     }
-    let gpu_stored = on("BlockStored", "GPU");
-    let cpu_stored = on("BlockStored", "CPU");
-    let gpu_removed = on("BlockRemoved", "GPU");
-    let cpu_removed = on("BlockRemoved", "CPU");
+    let gpu_stored = on(&messages, "BlockStored", "GPU");
+    let cpu_stored = on(&messages, "BlockStored", "CPU");
+    let gpu_removed = on(&messages, "BlockRemoved", "GPU");
+    let cpu_removed = on(&messages, "BlockRemoved", "CPU");
     // A's four blocks are in the tier, left the GPU, and came back to it.
-    let mut hasher = BlockHasher::new(16, 0);
-    let a_hashes: Vec<u64> = (0..4)
-        .scan(None, |parent, k| {
-            let h = hasher.hash_block(*parent, &a[k * 16..(k + 1) * 16], 0, &HashKeys::default());
-            *parent = Some(h);
-            Some(h)
-        })
-        .collect();
     for h in &a_hashes {
         assert!(cpu_stored.contains(h), "stored to the tier");
         assert!(gpu_removed.contains(h), "evicted from the GPU");
@@ -529,22 +552,32 @@ async fn a_prompts_blocks_are_published_when_its_prefill_step_ends_not_when_it_s
     let (replica, app) = start(cfg).await;
     let mut sub = subscriber(replica.kv_events_endpoint().unwrap()).await;
     first_message(&app, &mut sub, 900).await;
-    // Nothing else in flight: drain what the warm-up left.
-    while recv(&mut sub, Duration::from_millis(300)).await.is_some() {}
+    let prompt = ids(901, 2000);
     let sent = tokio::time::Instant::now();
     let app2 = app.clone();
+    let body = tokens_body(&prompt, 1);
     let request = tokio::spawn(async move {
-        call(
-            &app2,
-            "POST",
-            "/v1/completions",
-            Some(&tokens_body(&ids(901, 2000), 1)),
-        )
-        .await;
+        call(&app2, "POST", "/v1/completions", Some(&body)).await;
     });
-    let msg = recv(&mut sub, DEADLINE).await.expect("the prompt's blocks");
-    let after_ms = sent.elapsed().as_secs_f64() * 1e3;
-    assert!(msg.of_type("BlockStored").next().is_some());
+    // The batch storing the prompt's first block (the warm-up's batches, which may still
+    // arrive, store other tokens).
+    let first_block: Vec<u64> = prompt[..16].iter().map(|&t| u64::from(t)).collect();
+    let until = tokio::time::Instant::now() + DEADLINE;
+    let after_ms = loop {
+        let msg = recv(
+            &mut sub,
+            until.saturating_duration_since(tokio::time::Instant::now()),
+        )
+        .await
+        .expect("the prompt's blocks");
+        let at = sent.elapsed().as_secs_f64() * 1e3;
+        if msg
+            .of_type("BlockStored")
+            .any(|e| u64s(field(e, "token_ids")).starts_with(&first_block))
+        {
+            break at;
+        }
+    };
     assert!(
         after_ms >= step_ms / 2.0,
         "published {after_ms:.0} ms after the request, its prefill step is {step_ms:.0} ms"

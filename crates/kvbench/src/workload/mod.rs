@@ -463,12 +463,14 @@ pub(crate) mod tests {
         let w = workload(Shape::Unique(UniqueSpec { prompt_tokens: 40 }), 20);
         let a = trace_of(&w, vec![ReplicaGroup::default()]);
         let b = trace_of(&w, vec![ReplicaGroup::default()]);
+        assert_eq!(a.requests.len(), 20);
         assert_eq!(a.requests, b.requests);
         let faster = WorkloadSpec {
             rate: 40.0,
             ..w.clone()
         };
         let c = trace_of(&faster, vec![ReplicaGroup::default()]);
+        assert_eq!(c.requests.len(), a.requests.len());
         for (x, y) in a.requests.iter().zip(&c.requests).skip(1) {
             assert_eq!(x.messages, y.messages);
             assert_ne!(x.start, y.start, "arrivals scale with the rate");
