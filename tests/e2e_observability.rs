@@ -418,6 +418,12 @@ async fn the_grpc_api_explains_watches_and_takes_pushed_events_behind_the_admin_
         .await
         .unwrap();
     assert_eq!(debug.status(), 200);
+    let debug: serde_json::Value = debug.json().await.unwrap();
+    let listed = debug["endpoints"].as_array().expect("an endpoint list");
+    assert_eq!(listed.len(), 2, "{debug}");
+    for ep in listed {
+        assert_eq!(ep["kv_events"]["attach"], "push", "{ep}");
+    }
 
     // The endpoints, both taking pushed events.
     let endpoints = api

@@ -99,6 +99,7 @@ async fn endpoints(State(admin): State<Admin>) -> Json<serde_json::Value> {
             let kv_events = events.get(&ep.id).map(|s| {
                 json!({
                     "state": s.state.label(),
+                    "attach": s.attach.kind(),
                     "source": s.state.source(),
                     "reason": s.state.reason().map(|r| r.as_str()),
                     "topic": s.topic,

@@ -239,6 +239,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         server_section.grpc_listen = grpc_addr;
         let sharing_section = handles.config.borrow().sharing.clone();
         let admin_section = handles.config.borrow().admin.clone();
+        let tracing_section = handles.config.borrow().tracing.clone();
         config::watch::spawn_poller_with(
             args.config.clone(),
             Duration::from_millis(server_section.reload_interval_ms),
@@ -257,6 +258,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                         // The token is read at start-up: a reload that adds or rotates it
                         // must not look applied while the old one (or none) still guards.
                         tracing::warn!("config reload: the `admin` section (its token) cannot change at runtime; restart to apply it");
+                    }
+                    if new.tracing != tracing_section {
+                        // The subscriber and exporter are built once, at start-up.
+                        tracing::warn!("config reload: the `tracing` section cannot change at runtime; restart to apply it");
                     }
                     let sources = sources(&new, &resolver);
                     match router.apply(new) {
@@ -377,7 +382,7 @@ fn write_eds(endpoints: &dyn EndpointSource, config: &watch::Receiver<Arc<Config
         return;
     };
     let set = endpoints.snapshot();
-    let addrs: Vec<_> = set.all().iter().map(|e| e.address).collect();
+    let addrs: Vec<_> = set.all().iter().map(|e| (e.address, e.draining)).collect();
     match crate::envoyconf::write_eds(&path, set.version, &addrs) {
         Ok(()) => {
             tracing::info!(path = %path.display(), endpoints = addrs.len(), "wrote Envoy EDS file")

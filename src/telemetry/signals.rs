@@ -127,7 +127,7 @@ impl SignalMetrics {
         );
         registry.register(
             "scrape_errors",
-            "Failed engine-metric scrapes, by endpoint and kind (connect, timeout, status, parse)",
+            "Failed engine-metric scrapes, by endpoint and kind (connect, timeout, status, parse, too-large, redirect)",
             m.scrape_errors.clone(),
         );
         registry.register(
