@@ -58,6 +58,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     max_output_bytes: usize,
     content_as_parts: bool,
+    /// The template names the `developer` role; if not, developer messages are rendered as
+    /// system ones (vLLM's `safe_apply_chat_template`).
+    developer_role: bool,
     bos_token: String,
     eos_token: String,
     unk_token: String,
@@ -136,6 +139,7 @@ impl ChatTemplate {
         limits: RenderLimits,
     ) -> Result<ChatTemplate, minijinja::Error> {
         let content_as_parts = iterates_over_content(&source);
+        let developer_role = source.contains("\"developer\"") || source.contains("'developer'");
         let mut env = Environment::new();
         env.set_fuel(limits.fuel);
         env.set_syntax(
@@ -154,6 +158,7 @@ impl ChatTemplate {
             env,
             max_output_bytes: limits.max_output_bytes,
             content_as_parts,
+            developer_role,
             bos_token: or_empty(&config.bos_token),
             eos_token: or_empty(&config.eos_token),
             unk_token: or_empty(&config.unk_token),
@@ -185,7 +190,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         marker: &dyn Fn(usize) -> Option<String>,
     ) -> Result<String, minijinja::Error> {
-        let messages: Vec<RenderMessage<'_>> = messages
+        let mut messages: Vec<RenderMessage<'_>> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| RenderMessage {
@@ -193,6 +198,14 @@ impl ChatTemplate {
                 content: self.content(&m.content, marker(i)),
             })
             .collect();
+        if !self.developer_role && messages.iter().any(|m| m.role == "developer") {
+            for m in &mut messages {
+                if m.role == "developer" {
+                    m.role = "system";
+                }
+            }
+            messages = consolidate_system_messages(messages);
+        }
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let mut out = CappedWriter {
             buf: Vec::new(),
@@ -336,6 +349,51 @@ fn iterates_over_content(source: &str) -> bool {
 struct RenderMessage<'a> {
     role: &'a str,
     content: RenderContent<'a>,
+}
+
+/// vLLM's `_consolidate_system_messages`, after developer messages became system ones: when a
+/// system message is not first, or there are several, their texts (a message's text parts joined
+/// with "\n", empty ones left out) become one system message, first, joined with "\n\n".
+fn consolidate_system_messages(messages: Vec<RenderMessage<'_>>) -> Vec<RenderMessage<'_>> {
+    let needs = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "system")
+        .map(|(i, _)| i)
+        .take(2)
+        .collect::<Vec<_>>();
+    if needs.is_empty() || needs == [0] {
+        return messages;
+    }
+    let mut system = Vec::new();
+    let mut rest = Vec::with_capacity(messages.len());
+    for m in messages {
+        if m.role != "system" {
+            rest.push(m);
+            continue;
+        }
+        let text = match m.content {
+            RenderContent::Text(t) => t,
+            RenderContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    RenderPart::Text { text } => Some(text.as_ref()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        if !text.is_empty() {
+            system.push(text);
+        }
+    }
+    let mut out = Vec::with_capacity(rest.len() + 1);
+    out.push(RenderMessage {
+        role: "system",
+        content: RenderContent::Text(system.join("\n\n")),
+    });
+    out.extend(rest);
+    out
 }
 
 #[derive(Serialize)]
@@ -575,6 +633,56 @@ mod tests {
             let out = template(source).render(&messages).unwrap();
             assert_eq!(&out, expected, "template {source:?}");
         }
+    }
+
+    #[test]
+    fn developer_messages_become_system_ones_unless_the_template_names_the_role() {
+        // As vLLM's `safe_apply_chat_template`: converted, then system messages merged first.
+        let plain = template("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}");
+        let render = |t: &ChatTemplate, m: &[ChatMessage<'_>]| t.render_with(m, false).unwrap();
+        assert_eq!(
+            render(&plain, &[msg("developer", "Be terse."), msg("user", "hi")]),
+            "[system]Be terse.[user]hi"
+        );
+        assert_eq!(
+            render(
+                &plain,
+                &[
+                    msg("system", "A"),
+                    msg("user", "hi"),
+                    msg("developer", "B"),
+                    msg("developer", ""),
+                ]
+            ),
+            "[system]A\n\nB[user]hi"
+        );
+        // Without a developer message nothing moves, even with two system messages.
+        assert_eq!(
+            render(&plain, &[msg("user", "hi"), msg("system", "late")]),
+            "[user]hi[system]late"
+        );
+        let knows = template(
+            "{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }}{% endfor %}",
+        );
+        assert_eq!(
+            render(&knows, &[msg("developer", "Be terse."), msg("user", "hi")]),
+            "D:Be terse.hi"
+        );
+        // A template that iterates over parts: the merged system message is a string.
+        let parts = template(
+            "{% for m in messages %}[{{ m.role }}]{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}",
+        );
+        let two = ChatMessage {
+            role: Cow::Borrowed("developer"),
+            content: vec![
+                ContentPart::Text(Cow::Borrowed("x")),
+                ContentPart::Text(Cow::Borrowed("y")),
+            ],
+        };
+        assert_eq!(
+            render(&parts, &[msg("user", "hi"), two]),
+            "[system]x\ny[user]hi"
+        );
     }
 
     #[test]

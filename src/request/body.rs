@@ -301,7 +301,7 @@ impl<'de, 'b> Visitor<'de> for ContentSeed<'b> {
         let mut parts = Vec::new();
         while let Some(Part(part)) = seq.next_element::<Part<'de>>()? {
             self.0.take_part::<A::Error>()?;
-            parts.push(part);
+            parts.extend(part);
         }
         Ok(parts)
     }
@@ -314,14 +314,17 @@ impl<'de, 'b> Visitor<'de> for ContentSeed<'b> {
 struct RawPart<'a> {
     kind: Option<Cow<'a, str>>,
     text: Option<Cow<'a, str>>,
+    refusal: Option<Cow<'a, str>>,
+    thinking: Option<Cow<'a, str>>,
     image_url: Option<MediaRef>,
     input_audio: Option<MediaRef>,
     video_url: Option<MediaRef>,
     file: Option<MediaRef>,
 }
 
-/// One element of a `content` array, checked inside the element (so errors name its index).
-struct Part<'a>(ContentPart<'a>);
+/// One element of a `content` array, checked inside the element (so errors name its index);
+/// `None` for a text part without its text, which vLLM skips.
+struct Part<'a>(Option<ContentPart<'a>>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
@@ -338,6 +341,12 @@ impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
                     match key.0.as_ref() {
                         "type" => part.kind = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0),
                         "text" => part.text = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0),
+                        "refusal" => {
+                            part.refusal = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
+                        }
+                        "thinking" => {
+                            part.thinking = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
+                        }
                         "image_url" => part.image_url = map.next_value()?,
                         "input_audio" => part.input_audio = map.next_value()?,
                         "video_url" => part.video_url = map.next_value()?,
@@ -356,14 +365,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
 }
 
 impl<'a> RawPart<'a> {
-    /// The part, or what is wrong with it (naming field names and types only).
-    fn into_part(self) -> Result<ContentPart<'a>, &'static str> {
+    /// The part, or what is wrong with it (naming field names and types only). Text parts are
+    /// read as vLLM reads them (`TEXT_PART_TYPES`): `text`, `input_text` and `output_text` from
+    /// `text`, `refusal` and `thinking` from the field of their name; one without its text is
+    /// skipped (`None`), as vLLM skips it.
+    fn into_part(self) -> Result<Option<ContentPart<'a>>, &'static str> {
         let kind = self.kind.ok_or("content part is missing `type`")?;
-        Ok(match kind.as_ref() {
-            "text" | "input_text" => ContentPart::Text(
-                self.text
-                    .ok_or("content part of type text is missing `text`")?,
-            ),
+        Ok(Some(match kind.as_ref() {
+            "text" | "input_text" | "output_text" => return Ok(self.text.map(ContentPart::Text)),
+            "refusal" => return Ok(self.refusal.map(ContentPart::Text)),
+            "thinking" => return Ok(self.thinking.map(ContentPart::Text)),
             "image_url" => ContentPart::Image(
                 self.image_url
                     .ok_or("content part of type image_url is missing `image_url`")?
@@ -386,9 +397,9 @@ impl<'a> RawPart<'a> {
             ),
             // The unknown type is not echoed: it is client text.
             _ => return Err(
-                "unsupported content part type (expected text, input_text, image_url, input_audio, video_url or file)",
+                "unsupported content part type (expected text, input_text, output_text, refusal, thinking, image_url, input_audio, video_url or file)",
             ),
-        })
+        }))
     }
 }
 
