@@ -255,6 +255,26 @@ async fn router_errors_reach_the_client_through_envoy() {
         let n = metrics.sum_where("kvrouter_immediate_responses_total", "code", code);
         assert!(n >= 1.0, "{code}: {n}");
     }
+    // The EDS file kvrouter writes marks them DRAINING, so Envoy's own fallback (kvrouter down)
+    // would not send new requests there either.
+    let clusters = format!("http://{}/clusters", stack.envoy.admin);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = reqwest::get(&clusters).await.unwrap().text().await.unwrap();
+        let draining = text
+            .lines()
+            .filter(|l| l.contains("::health_flags::") && l.contains("eds_status_draining"))
+            .count();
+        if draining == addrs.len() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Envoy never saw {} draining hosts:\n{text}",
+            addrs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_in_flight_drains(stack.router.admin).await;
 }
 

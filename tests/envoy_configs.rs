@@ -73,7 +73,10 @@ fn every_config_in_envoy_dir_validates() {
     kvrouter::envoyconf::write_eds(
         &cwd.path().join(".run/eds.json"),
         1,
-        &["127.0.0.1:8001".parse().unwrap()],
+        &[
+            ("127.0.0.1:8001".parse().unwrap(), false),
+            ("127.0.0.1:8002".parse().unwrap(), true),
+        ],
     )
     .unwrap();
     let mut checked = 0;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_api::{key, list, watch, ApiServer};
+use kube_api::{key, list, watch, watch_text, ApiServer};
 use kvrouter::config::{PoolConfig, ResolvedEndpoint};
 use kvrouter::discovery::kubernetes::KubernetesDiscovery;
 use kvrouter::discovery::{Discovery, EndpointSink, Published, Registry, SetChange};
@@ -322,5 +322,44 @@ async fn a_wrong_token_is_retried_and_nothing_is_published() {
     requested(&server, "labelSelector", 2).await;
     assert!(!published.all_published(&key));
     assert!(reg.snapshot().all().is_empty());
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_watch_that_ends_at_once_is_resumed_after_a_growing_backoff() {
+    // A proxy that answers a watch and closes it at once: without a backoff the reflector would
+    // turn this into a request loop against the API server (client-go backs off too).
+    let server = ApiServer::start().await;
+    let selector = "labelSelector=app%3Dqwen3-8b";
+    server.script(key("list", PODS, selector), vec![list("pods-list-1.json")]);
+    server.script(
+        key("watch", PODS, selector),
+        (0..100).map(|_| watch_text("", true)).collect(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(
+        "label_selector: app=qwen3-8b, port: 8000",
+        &server.kubeconfig(dir.path()),
+    );
+    let reg = Arc::new(Registry::new(&[]));
+    let published = Arc::new(Published::new(reg.clone()));
+    let source = Arc::new(KubernetesDiscovery::new(&pool).unwrap());
+    let task = tokio::spawn(source.run(published.clone()));
+    requested(&server, "watch=true", 1).await;
+    let first = tokio::time::Instant::now();
+    requested(&server, "watch=true", 3).await;
+    // The second watch waits the first backoff (200 ms), the third the doubled one (400 ms).
+    let waited = first.elapsed();
+    assert!(
+        waited >= Duration::from_millis(550),
+        "three watches within {waited:?}"
+    );
+    assert!(
+        server.requests_with("watch=true").len() < 10,
+        "{:#?}",
+        server.requests()
+    );
+    // The pods listed are still published meanwhile.
+    assert!(!reg.snapshot().all().is_empty());
     task.abort();
 }

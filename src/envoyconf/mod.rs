@@ -605,13 +605,20 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-/// The EDS file content (a JSON DiscoveryResponse) listing `addresses` for [`REPLICA_CLUSTER`].
-pub fn eds_json(version: u64, addresses: &[SocketAddr]) -> String {
-    let endpoints: Vec<serde_json::Value> = addresses
+/// The EDS file content (a JSON DiscoveryResponse) listing `hosts` (address, draining) for
+/// [`REPLICA_CLUSTER`]. A draining endpoint (config `drain`, a terminating or unready pod) is
+/// listed with `health_status: DRAINING`: kvrouter never picks it, and Envoy's own fallback
+/// (kvrouter down or failing open) leaves it out too, while requests already there finish.
+pub fn eds_json(version: u64, hosts: &[(SocketAddr, bool)]) -> String {
+    let endpoints: Vec<serde_json::Value> = hosts
         .iter()
-        .map(|a| {
-            serde_json::json!({"endpoint": {"address": {"socket_address": {
-                "address": a.ip().to_string(), "port_value": a.port()}}}})
+        .map(|(a, draining)| {
+            let mut host = serde_json::json!({"endpoint": {"address": {"socket_address": {
+                "address": a.ip().to_string(), "port_value": a.port()}}}});
+            if *draining {
+                host["health_status"] = "DRAINING".into();
+            }
+            host
         })
         .collect();
     serde_json::json!({
@@ -630,14 +637,14 @@ pub fn eds_json(version: u64, addresses: &[SocketAddr]) -> String {
 pub fn write_eds(
     path: &std::path::Path,
     version: u64,
-    addresses: &[SocketAddr],
+    hosts: &[(SocketAddr, bool)],
 ) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(dir) = dir {
         std::fs::create_dir_all(dir)?;
     }
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, eds_json(version, addresses))?;
+    std::fs::write(&tmp, eds_json(version, hosts))?;
     std::fs::rename(&tmp, path)
 }
 
@@ -682,7 +689,7 @@ mod tests {
         let path = dir.path().join("sub/eds.json");
         let a: SocketAddr = "127.0.0.1:8001".parse().unwrap();
         let b: SocketAddr = "[::1]:8002".parse().unwrap();
-        write_eds(&path, 3, &[a, b]).unwrap();
+        write_eds(&path, 3, &[(a, false), (b, true)]).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["version_info"], "3");
@@ -695,6 +702,8 @@ mod tests {
             eps[1]["endpoint"]["address"]["socket_address"]["port_value"],
             8002
         );
+        assert_eq!(eps[1]["health_status"], "DRAINING", "{eps}");
+        assert!(eps[0].get("health_status").is_none(), "{eps}");
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
             1,

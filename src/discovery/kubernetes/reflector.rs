@@ -31,6 +31,9 @@ const PAGE_LIMIT: u32 = 500;
 /// First and longest wait after a failed list or watch.
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A watch that ends sooner than this is taken as a failure (as client-go's reflector takes a
+/// very short watch): a proxy answering and closing at once must not make a request loop.
+const SHORT_WATCH: Duration = Duration::from_secs(1);
 
 /// An object kept by a [`Reflector`].
 pub trait Object: DeserializeOwned + Send + Sync + 'static {
@@ -115,7 +118,13 @@ impl Reflector {
             backoff = BACKOFF_MIN;
             on_change(&objects);
             loop {
+                let started = tokio::time::Instant::now();
                 match self.watch(&mut version, &mut objects, &mut on_change).await {
+                    Ok(Ended::Closed) if started.elapsed() < SHORT_WATCH => {
+                        tracing::warn!(path = %self.path, retry_in = ?backoff, "Kubernetes watch ended at once; resuming after a backoff");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
                     Ok(Ended::Closed) => backoff = BACKOFF_MIN,
                     Ok(Ended::Expired) => {
                         tracing::info!(path = %self.path, %version, "watch expired (410 Gone); listing again");
