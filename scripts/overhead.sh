@@ -6,6 +6,8 @@
 # release binaries (`make release envoy`). Usage: scripts/overhead.sh [seconds] [connections]
 # NO_OBSERVER=1 renders both attached Envoys without the response observer filter (one ext_proc
 # stream per request instead of two), to measure what the observer costs.
+# BODY_MODE=full-duplex renders the Envoy + kvrouter path with FULL_DUPLEX_STREAMED bodies (headers
+# and body sent without waiting for the headers' reply: one round trip instead of two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -14,6 +16,7 @@ BIN=${BIN:-target/release}
 ENVOY=.venv/bin/envoy
 OBSERVER_FLAG=()
 [ "${NO_OBSERVER:-0}" = 1 ] && OBSERVER_FLAG=(--no-observer)
+BODY_MODE=${BODY_MODE:-buffered}
 DIR=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$DIR"' EXIT
@@ -44,7 +47,7 @@ done
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18320 --admin 127.0.0.1:18321 --without-kvrouter \
   --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 > "$DIR/alone.yaml"
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18330 --admin 127.0.0.1:18331 --extproc 127.0.0.1:18310 \
-  --eds "$DIR/eds.json" "${OBSERVER_FLAG[@]}" > "$DIR/with.yaml"
+  --eds "$DIR/eds.json" --body-mode "$BODY_MODE" "${OBSERVER_FLAG[@]}" > "$DIR/with.yaml"
 "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18340 --admin 127.0.0.1:18341 --extproc 127.0.0.1:18312 \
   --replica 127.0.0.1:18301 --replica 127.0.0.1:18302 "${OBSERVER_FLAG[@]}" > "$DIR/null.yaml"
 "$ENVOY" -c "$DIR/alone.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 11 > "$DIR/e1.log" 2>&1 & pids+=($!)
