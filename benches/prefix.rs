@@ -46,6 +46,7 @@ fn message(role: &'static str, text: String) -> ChatMessage<'static> {
     ChatMessage {
         role: Cow::Borrowed(role),
         content: vec![ContentPart::Text(Cow::Owned(text))],
+        extra: None,
     }
 }
 
@@ -103,6 +104,7 @@ fn bench_prefix(c: &mut Criterion) {
                     message("system", system.clone()),
                     message("user", user(i)),
                 ]),
+                chat: Default::default(),
             };
             black_box(warm.identify(&request, &ns).block_hashes.len())
         })
@@ -123,6 +125,7 @@ fn bench_prefix(c: &mut Criterion) {
                     message("system", system.clone()),
                     message("user", user(i)),
                 ]),
+                chat: Default::default(),
             };
             let id = warm.identify_for_routing(&request, &ns, None);
             assert!(id.deferred.is_some());

@@ -49,6 +49,7 @@ fn chat_request(messages: Vec<ChatMessage<'_>>) -> ParsedRequest<'_> {
         max_tokens: None,
         cache_salt: None,
         prompt: Prompt::Chat(messages),
+        chat: Default::default(),
     }
 }
 
@@ -56,6 +57,7 @@ fn text(role: &str, s: impl Into<Cow<'static, str>>) -> ChatMessage<'static> {
     ChatMessage {
         role: Cow::Owned(role.to_string()),
         content: vec![ContentPart::Text(s.into())],
+        extra: None,
     }
 }
 
@@ -66,6 +68,7 @@ fn with_image(role: &str, s: &'static str, image: u64) -> ChatMessage<'static> {
             ContentPart::Text(Cow::Borrowed(s)),
             ContentPart::Image(image),
         ],
+        extra: None,
     }
 }
 

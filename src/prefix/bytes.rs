@@ -130,6 +130,7 @@ mod tests {
             Prompt::Chat(vec![crate::request::ChatMessage {
                 role: Cow::Borrowed(role),
                 content: parts,
+                extra: None,
             }])
         };
         let t = |s: &'static str| ContentPart::Text(Cow::Borrowed(s));

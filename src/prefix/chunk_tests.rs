@@ -27,6 +27,7 @@ fn user(text: &str) -> Vec<ChatMessage<'_>> {
     vec![ChatMessage {
         role: Cow::Borrowed("user"),
         content: vec![ContentPart::Text(Cow::Borrowed(text))],
+        extra: None,
     }]
 }
 

@@ -27,6 +27,7 @@ fn text(role: &str, s: impl Into<Cow<'static, str>>) -> ChatMessage<'static> {
     ChatMessage {
         role: Cow::Owned(role.to_string()),
         content: vec![ContentPart::Text(s.into())],
+        extra: None,
     }
 }
 
@@ -38,6 +39,7 @@ fn chat(messages: Vec<ChatMessage<'static>>) -> ParsedRequest<'static> {
         max_tokens: None,
         cache_salt: None,
         prompt: Prompt::Chat(messages),
+        chat: Default::default(),
     }
 }
 

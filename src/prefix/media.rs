@@ -13,7 +13,7 @@
 //! the caller falls back to the byte identity, whose chunking keeps media in place.
 
 use super::template::ChatTemplate;
-use crate::request::{ChatMessage, ContentPart};
+use crate::request::{ChatMessage, ChatOptions, ContentPart};
 
 const OPEN: char = '\u{F8FF}';
 const CLOSE: char = '\u{F8FE}';
@@ -28,12 +28,13 @@ pub(crate) type MediaAt = (usize, u64);
 pub(crate) fn locate(
     template: &ChatTemplate,
     messages: &[ChatMessage<'_>],
+    options: &ChatOptions,
     rendered: &str,
 ) -> Result<Option<Vec<MediaAt>>, minijinja::Error> {
     if rendered.contains(OPEN) {
         return Ok(None);
     }
-    let marked = template.render_marked(messages, true, &|i| {
+    let marked = template.render_marked(messages, options, &|i| {
         messages[i].has_media().then(|| format!("{OPEN}{i}{CLOSE}"))
     })?;
     let Some((unmarked, found)) = strip_markers(&marked, messages.len()) else {
@@ -99,6 +100,7 @@ mod tests {
         ChatMessage {
             role: Cow::Borrowed(role),
             content: parts,
+            extra: None,
         }
     }
 
@@ -121,7 +123,7 @@ mod tests {
         ] {
             let t = template(source);
             let rendered = t.render(&messages).unwrap();
-            let at = locate(&t, &messages, &rendered).unwrap().unwrap();
+            let at = locate(&t, &messages, &ChatOptions::default(), &rendered).unwrap().unwrap();
             assert_eq!(at.len(), 3, "{source}");
             let user = rendered.find("<user>").unwrap() + "<user>".len();
             assert_eq!(at[0], (user, 7));
@@ -139,7 +141,10 @@ mod tests {
             "{% for m in messages %}{% if m.content.startswith('hi') %}H{% endif %}{{ m.content }}{% endfor %}",
         );
         let rendered = t.render(&messages).unwrap();
-        assert_eq!(locate(&t, &messages, &rendered).unwrap(), None);
+        assert_eq!(
+            locate(&t, &messages, &ChatOptions::default(), &rendered).unwrap(),
+            None
+        );
         // The client's text already holds the marker character.
         let forged = [message(
             "user",
@@ -147,11 +152,17 @@ mod tests {
         )];
         let t = template("{% for m in messages %}{{ m.content }}{% endfor %}");
         let rendered = t.render(&forged).unwrap();
-        assert_eq!(locate(&t, &forged, &rendered).unwrap(), None);
+        assert_eq!(
+            locate(&t, &forged, &ChatOptions::default(), &rendered).unwrap(),
+            None
+        );
         // A template that shows the content twice.
         let t = template("{% for m in messages %}{{ m.content }}{{ m.content }}{% endfor %}");
         let rendered = t.render(&messages).unwrap();
-        assert_eq!(locate(&t, &messages, &rendered).unwrap(), None);
+        assert_eq!(
+            locate(&t, &messages, &ChatOptions::default(), &rendered).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
 use super::PrefixError;
-use crate::request::{ChatMessage, ContentPart};
+use crate::request::{ChatMessage, ChatOptions, ContentPart};
 
 /// How much work one render may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +178,21 @@ impl ChatTemplate {
         messages: &[ChatMessage<'_>],
         add_generation_prompt: bool,
     ) -> Result<String, minijinja::Error> {
-        self.render_marked(messages, add_generation_prompt, &|_| None)
+        let options = ChatOptions {
+            add_generation_prompt: Some(add_generation_prompt),
+            ..ChatOptions::default()
+        };
+        self.render_marked(messages, &options, &|_| None)
+    }
+
+    /// Renders a chat request's `messages` with its `options` (tools, documents, template
+    /// kwargs, generation prompt), as vLLM does.
+    pub fn render_request(
+        &self,
+        messages: &[ChatMessage<'_>],
+        options: &ChatOptions,
+    ) -> Result<String, minijinja::Error> {
+        self.render_marked(messages, options, &|_| None)
     }
 
     /// Renders `messages` with `marker(i)`, when given, inserted at the start of message `i`'s
@@ -187,16 +201,13 @@ impl ChatTemplate {
     pub(crate) fn render_marked(
         &self,
         messages: &[ChatMessage<'_>],
-        add_generation_prompt: bool,
+        options: &ChatOptions,
         marker: &dyn Fn(usize) -> Option<String>,
     ) -> Result<String, minijinja::Error> {
         let mut messages: Vec<RenderMessage<'_>> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| RenderMessage {
-                role: m.role.as_ref(),
-                content: self.content(&m.content, marker(i)),
-            })
+            .map(|(i, m)| self.message(m, marker(i)))
             .collect();
         if !self.developer_role && messages.iter().any(|m| m.role == "developer") {
             for m in &mut messages {
@@ -211,23 +222,114 @@ impl ChatTemplate {
             buf: Vec::new(),
             max_bytes: self.max_output_bytes,
         };
-        template.render_captured_to(
-            minijinja::context! {
-                messages => Value::from(minijinja::value::Serde(&messages)),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-                unk_token => &self.unk_token,
-                pad_token => &self.pad_token,
-            },
-            &mut out,
-        )?;
+        template.render_captured_to(self.context(messages, options), &mut out)?;
         String::from_utf8(out.buf).map_err(|_| {
             Error::new(
                 ErrorKind::InvalidOperation,
                 "the template produced invalid UTF-8",
             )
         })
+    }
+
+    /// The render context as Hugging Face's `apply_chat_template` builds it under vLLM: the
+    /// special tokens, then the request's `chat_template_kwargs` (less `chat_template` and
+    /// `tokenize`, which vLLM refuses), then what vLLM sets itself (`documents`,
+    /// `reasoning_effort`, `enable_thinking` when reasoning is asked for and the kwargs do not
+    /// set it), then `messages`, `tools` and `add_generation_prompt` (true unless the request
+    /// says otherwise). Variables a template does not read are harmless, so vLLM's filter of
+    /// the kwargs by the template's variables changes nothing here.
+    fn context(&self, messages: Vec<RenderMessage<'_>>, options: &ChatOptions) -> Value {
+        let json = |v: &serde_json::Value| Value::from(minijinja::value::Serde(v));
+        let mut vars: Vec<(&str, Value)> = vec![
+            ("bos_token", Value::from(self.bos_token.as_str())),
+            ("eos_token", Value::from(self.eos_token.as_str())),
+            ("unk_token", Value::from(self.unk_token.as_str())),
+            ("pad_token", Value::from(self.pad_token.as_str())),
+        ];
+        fn set<'k>(vars: &mut Vec<(&'k str, Value)>, key: &'k str, value: Value) {
+            match vars.iter_mut().find(|(k, _)| *k == key) {
+                Some(slot) => slot.1 = value,
+                None => vars.push((key, value)),
+            }
+        }
+        if let Some(kwargs) = &options.template_kwargs {
+            for (k, v) in kwargs {
+                if k != "chat_template" && k != "tokenize" {
+                    set(&mut vars, k, json(v));
+                }
+            }
+        }
+        let kwargs_set = |key: &str| {
+            options
+                .template_kwargs
+                .as_ref()
+                .is_some_and(|k| k.contains_key(key))
+        };
+        set(
+            &mut vars,
+            "documents",
+            options.documents.as_ref().map_or(Value::from(()), json),
+        );
+        if let Some(effort) = &options.reasoning_effort {
+            set(&mut vars, "reasoning_effort", Value::from(effort.as_str()));
+            if !kwargs_set("enable_thinking") {
+                set(&mut vars, "enable_thinking", Value::from(effort != "none"));
+            }
+        }
+        set(
+            &mut vars,
+            "messages",
+            Value::from(minijinja::value::Serde(&messages)),
+        );
+        set(
+            &mut vars,
+            "tools",
+            options.tools.as_ref().map_or(Value::from(()), json),
+        );
+        set(
+            &mut vars,
+            "add_generation_prompt",
+            Value::from(options.add_generation_prompt.unwrap_or(true)),
+        );
+        Value::from(
+            vars.into_iter()
+                .collect::<std::collections::BTreeMap<&str, Value>>(),
+        )
+    }
+
+    /// A message as vLLM hands it to the template: role and content, an assistant's
+    /// `tool_calls` (arguments as objects) and `reasoning` (also as `reasoning_content`), a
+    /// tool message's `tool_call_id` (its all-text content as one string), and `name`.
+    fn message<'a>(&self, m: &'a ChatMessage<'a>, marker: Option<String>) -> RenderMessage<'a> {
+        let role = m.role.as_ref();
+        let all_text = m.content.iter().all(|p| matches!(p, ContentPart::Text(_)));
+        let content = if role == "tool" && all_text && marker.is_none() {
+            RenderContent::Text(join_text(&m.content))
+        } else {
+            self.content(&m.content, marker)
+        };
+        let mut out = RenderMessage {
+            role,
+            content,
+            tool_calls: None,
+            reasoning: None,
+            reasoning_content: None,
+            tool_call_id: None,
+            name: None,
+        };
+        if let Some(extra) = &m.extra {
+            match role {
+                "assistant" => {
+                    out.tool_calls = extra.tool_calls.as_ref().and_then(template_tool_calls);
+                    out.reasoning = extra.reasoning.as_deref();
+                    out.reasoning_content = extra.reasoning.as_deref();
+                }
+                "tool" => out.tool_call_id = extra.tool_call_id.as_deref(),
+                _ => {}
+            }
+            out.name = extra.name.as_deref();
+        }
+        out
     }
 
     fn content<'a>(
@@ -349,6 +451,46 @@ fn iterates_over_content(source: &str) -> bool {
 struct RenderMessage<'a> {
     role: &'a str,
     content: RenderContent<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+/// An assistant's `tool_calls` as vLLM's `_postprocess_messages` leaves them: an empty list is
+/// dropped (the template takes its plain assistant path); each call's `function.arguments`
+/// becomes an object (a JSON string parsed; anything that is not, or does not parse to, an
+/// object becomes `{}`). Anything else is passed as sent.
+fn template_tool_calls(calls: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::Value as J;
+    let J::Array(items) = calls else {
+        return Some(calls.clone());
+    };
+    if items.is_empty() {
+        return None;
+    }
+    let mut items = items.clone();
+    for item in &mut items {
+        let Some(function) = item.get_mut("function").and_then(J::as_object_mut) else {
+            continue;
+        };
+        let arguments = match function.get("arguments") {
+            Some(J::Object(o)) => J::Object(o.clone()),
+            Some(J::String(s)) => match serde_json::from_str::<J>(s) {
+                Ok(J::Object(o)) => J::Object(o),
+                _ => J::Object(serde_json::Map::new()),
+            },
+            _ => J::Object(serde_json::Map::new()),
+        };
+        function.insert("arguments".into(), arguments);
+    }
+    Some(J::Array(items))
 }
 
 /// vLLM's `_consolidate_system_messages`, after developer messages became system ones: when a
@@ -391,6 +533,11 @@ fn consolidate_system_messages(messages: Vec<RenderMessage<'_>>) -> Vec<RenderMe
     out.push(RenderMessage {
         role: "system",
         content: RenderContent::Text(system.join("\n\n")),
+        tool_calls: None,
+        reasoning: None,
+        reasoning_content: None,
+        tool_call_id: None,
+        name: None,
     });
     out.extend(rest);
     out
@@ -590,6 +737,7 @@ mod tests {
         ChatMessage {
             role: Cow::Borrowed(role),
             content: vec![ContentPart::Text(Cow::Borrowed(text))],
+            extra: None,
         }
     }
 
@@ -678,6 +826,7 @@ mod tests {
                 ContentPart::Text(Cow::Borrowed("x")),
                 ContentPart::Text(Cow::Borrowed("y")),
             ],
+            extra: None,
         };
         assert_eq!(
             render(&parts, &[msg("user", "hi"), two]),
@@ -718,6 +867,7 @@ mod tests {
                 ContentPart::Image(7),
                 ContentPart::Text(Cow::Borrowed("b")),
             ],
+            extra: None,
         };
         assert_eq!(
             parts.render(std::slice::from_ref(&m)).unwrap(),

@@ -60,6 +60,7 @@ fn msg<'a>(role: &'a str, text: impl Into<Cow<'a, str>>) -> ChatMessage<'a> {
     ChatMessage {
         role: Cow::Borrowed(role),
         content: vec![ContentPart::Text(text.into())],
+        extra: None,
     }
 }
 
@@ -433,5 +434,42 @@ fn real_tokenizers_match_hf_reference_ids() {
             "{model}: segment cache {}",
             if t.uses_segment_cache() { "on" } else { "off" }
         );
+    }
+}
+
+/// Chat requests with tools, tool calls and results, documents, template kwargs, a developer
+/// message, reasoning and no generation prompt render to exactly the text Hugging Face's
+/// `apply_chat_template` gives after vLLM 0.32's message preparation
+/// (`tests/data/hf-reference-tools.json`, from `scripts/hf-reference-tools.py`): the request
+/// parsed as routing parses it, rendered with its options.
+#[test]
+fn real_templates_render_tools_like_hf() {
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("../../tests/data/hf-reference-tools.json")).unwrap();
+    let requests = reference["requests"].as_array().unwrap();
+    assert!(requests.len() >= 8, "reference requests");
+    for model in ["qwen3", "llama3", "deepseek_v3"] {
+        let template = template_of(&fetched(model));
+        let rendered = reference["rendered"][model].as_array().unwrap();
+        assert_eq!(rendered.len(), requests.len(), "{model}");
+        for (request, want) in requests.iter().zip(rendered) {
+            let mut body = request.clone();
+            body["model"] = "m".into();
+            let body = serde_json::to_vec(&body).unwrap();
+            let parsed = crate::request::parse(crate::request::ApiKind::ChatCompletions, &body)
+                .unwrap_or_else(|e| panic!("{model}: {e}"));
+            let request::Prompt::Chat(messages) = &parsed.prompt else {
+                panic!("not chat")
+            };
+            let got = template.render_request(messages, &parsed.chat);
+            match want.as_str() {
+                Some(want) => assert_eq!(
+                    got.as_deref().map_err(|e| e.to_string()),
+                    Ok(want),
+                    "{model}: {request}"
+                ),
+                None => assert!(got.is_err(), "{model}: HF refused {request}"),
+            }
+        }
     }
 }

@@ -37,7 +37,7 @@ use super::cache::{SegmentCache, SegmentKey};
 use super::media::{self, MediaAt};
 use super::template::{ChatTemplate, RenderLimits, TokenizerConfigFile};
 use super::{estimate_tokens, PrefixError};
-use crate::request::{ChatMessage, ContentPart};
+use crate::request::{ChatMessage, ChatOptions, ContentPart};
 
 /// Bytes of text tokenized per token still wanted under the cap. Text averages 3-5 bytes per
 /// token, so this almost always yields the full `max_prefix_tokens`.
@@ -360,17 +360,31 @@ impl ModelTokenizer {
         deadline: Option<Instant>,
         defer_after: Option<f64>,
     ) -> Result<PromptTokens, PrefixError> {
+        self.tokenize_chat_request(messages, &ChatOptions::default(), deadline, defer_after)
+    }
+
+    /// [`Self::tokenize_chat_deferring`] with the request's template options (tools,
+    /// documents, template kwargs, generation prompt).
+    pub fn tokenize_chat_request(
+        &self,
+        messages: &[ChatMessage<'_>],
+        options: &ChatOptions,
+        deadline: Option<Instant>,
+        defer_after: Option<f64>,
+    ) -> Result<PromptTokens, PrefixError> {
         let template = self.template.as_ref().ok_or(PrefixError::NoChatTemplate)?;
         if past(deadline) {
             return Err(PrefixError::Deadline);
         }
-        let text = template.render(messages).map_err(template_error)?;
+        let text = template
+            .render_request(messages, options)
+            .map_err(template_error)?;
         let media = if messages.iter().any(ChatMessage::has_media) {
             // The media layout costs a second render: not past the deadline.
             if past(deadline) {
                 return Err(PrefixError::Deadline);
             }
-            media::locate(template, messages, &text)
+            media::locate(template, messages, options, &text)
                 .map_err(template_error)?
                 .ok_or(PrefixError::MediaLayout)?
         } else {
@@ -953,18 +967,22 @@ fn probe_texts(template: Option<&ChatTemplate>) -> Vec<String> {
         ChatMessage {
             role: Cow::Borrowed("system"),
             content: text("  You are terse.\n\n Answer in 3 words; cite [1]. "),
+            extra: None,
         },
         ChatMessage {
             role: Cow::Borrowed("user"),
             content: text("Hello,   world!\tNaïve café — 東京 123456 😀\n"),
+            extra: None,
         },
         ChatMessage {
             role: Cow::Borrowed("assistant"),
             content: text(" Fine, thanks.  "),
+            extra: None,
         },
         ChatMessage {
             role: Cow::Borrowed("user"),
             content: text("\n\nAnd now?"),
+            extra: None,
         },
     ];
     let mut out = Vec::new();

@@ -159,6 +159,21 @@ pub struct ChatMessage<'a> {
     pub role: Cow<'a, str>,
     /// The content, as parts (a plain string is one text part; null is no parts).
     pub content: Vec<ContentPart<'a>>,
+    /// Its other fields a chat template reads, if it has any.
+    pub extra: Option<Box<MessageExtra<'a>>>,
+}
+
+/// The fields of a message beside role and content that vLLM hands the chat template.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessageExtra<'a> {
+    /// An assistant's `tool_calls`, as sent (not null).
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool message's `tool_call_id`.
+    pub tool_call_id: Option<Cow<'a, str>>,
+    /// `name`.
+    pub name: Option<Cow<'a, str>>,
+    /// An assistant's `reasoning` (interleaved thinking).
+    pub reasoning: Option<Cow<'a, str>>,
 }
 
 impl ChatMessage<'_> {
@@ -247,6 +262,7 @@ impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut role: Option<Cow<'de, str>> = None;
         let mut content: Option<Vec<ContentPart<'de>>> = None;
+        let mut extra = MessageExtra::default();
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match key.0.as_ref() {
                 "role" if role.is_some() => return Err(de::Error::duplicate_field("role")),
@@ -255,6 +271,17 @@ impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
                     return Err(de::Error::duplicate_field("content"))
                 }
                 "content" => content = Some(map.next_value_seed(ContentSeed(self.0))?),
+                "tool_calls" => {
+                    extra.tool_calls =
+                        Some(map.next_value::<serde_json::Value>()?).filter(|v| !v.is_null())
+                }
+                "tool_call_id" => {
+                    extra.tool_call_id = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
+                }
+                "name" => extra.name = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0),
+                "reasoning" => {
+                    extra.reasoning = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -263,6 +290,7 @@ impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
         Ok(ChatMessage {
             role: role.ok_or_else(|| de::Error::missing_field("role"))?,
             content: content.unwrap_or_default(),
+            extra: (extra != MessageExtra::default()).then(|| Box::new(extra)),
         })
     }
     reject!(bool, num, str, null, seq, bytes);

@@ -20,7 +20,7 @@ mod raw;
 
 use std::borrow::Cow;
 
-pub use body::{ChatMessage, ContentPart, PromptInput};
+pub use body::{ChatMessage, ContentPart, MessageExtra, PromptInput};
 pub use errors::{model_for_display, MAX_SHOWN_MODEL_BYTES};
 pub use limits::{RequestLimits, DEFAULT_MAX_CONTENT_PARTS, DEFAULT_MAX_MESSAGES};
 
@@ -99,6 +99,26 @@ pub struct ParsedRequest<'a> {
     pub cache_salt: Option<Cow<'a, str>>,
     /// The prompt.
     pub prompt: Prompt<'a>,
+    /// What a chat template sees beside the messages (chat requests).
+    pub chat: ChatOptions,
+}
+
+/// The fields of a chat request that vLLM hands its chat template beside the messages
+/// (`tools`, `documents`, `chat_template_kwargs`, `add_generation_prompt`, `reasoning_effort`),
+/// so the prompt kvrouter hashes is the one the engine renders. JSON values are kept as sent
+/// (key order too); none of them is echoed in an error.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    /// `tools` (not null).
+    pub tools: Option<serde_json::Value>,
+    /// `documents` (not null).
+    pub documents: Option<serde_json::Value>,
+    /// `chat_template_kwargs`: extra template variables.
+    pub template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `add_generation_prompt` (vLLM's default: true).
+    pub add_generation_prompt: Option<bool>,
+    /// `reasoning_effort`: also `enable_thinking` (unless the kwargs set it), as vLLM does.
+    pub reasoning_effort: Option<String>,
 }
 
 /// Why a body was rejected. Shown to the client in a 400 (or, for [`RequestError::TooLarge`],
@@ -211,6 +231,7 @@ pub fn parse_with(
         max_tokens,
         cache_salt: raw.cache_salt,
         prompt,
+        chat: raw.chat,
     })
 }
 
@@ -222,6 +243,7 @@ fn unrouted(api: ApiKind) -> ParsedRequest<'static> {
         max_tokens: None,
         cache_salt: None,
         prompt: Prompt::None,
+        chat: ChatOptions::default(),
     }
 }
 

@@ -78,6 +78,56 @@ fn text_parts_of_every_kind_vllm_reads_are_text_and_empty_ones_are_skipped() {
 }
 
 #[test]
+fn chat_template_options_and_message_fields_are_kept_as_sent() {
+    let body = r#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}],
+        "documents":null,"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,
+        "reasoning_effort":"low",
+        "messages":[{"role":"user","content":"hi","name":"ann"},
+                    {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}],"reasoning":"r"},
+                    {"role":"tool","content":"ok","tool_call_id":"1"},
+                    {"role":"assistant","content":"plain","tool_calls":null}]}"#;
+    let req = chat(body).unwrap();
+    let tools = req.chat.tools.as_ref().expect("tools");
+    // Key order as sent (templates print tools with tojson).
+    let params: Vec<&String> = tools[0]["function"]["parameters"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(params, ["z", "a"]);
+    assert_eq!(req.chat.documents, None, "null is absent");
+    assert_eq!(
+        req.chat.template_kwargs.as_ref().unwrap()["enable_thinking"],
+        false
+    );
+    assert_eq!(req.chat.add_generation_prompt, Some(false));
+    assert_eq!(req.chat.reasoning_effort.as_deref(), Some("low"));
+    let Prompt::Chat(messages) = &req.prompt else {
+        panic!("not chat")
+    };
+    assert_eq!(messages.len(), 4);
+    assert_eq!(
+        messages[0].extra.as_ref().unwrap().name.as_deref(),
+        Some("ann")
+    );
+    let call = messages[1].extra.as_ref().unwrap();
+    assert!(call.tool_calls.as_ref().unwrap().is_array());
+    assert_eq!(call.reasoning.as_deref(), Some("r"));
+    assert_eq!(
+        messages[2].extra.as_ref().unwrap().tool_call_id.as_deref(),
+        Some("1")
+    );
+    assert!(messages[3].extra.is_none(), "null tool_calls is no field");
+    // Completions ignore chat-only fields.
+    let completion = parse(
+        ApiKind::Completions,
+        br#"{"model":"m","prompt":"p","tools":"not an array"}"#,
+    )
+    .unwrap();
+    assert_eq!(completion.chat, ChatOptions::default());
+}
+
+#[test]
 fn different_images_hash_differently() {
     let a = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"a"}}]}]}"#).unwrap();
     let b = chat(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"b"}]}]}"#).unwrap();
@@ -326,6 +376,12 @@ fn errors_never_carry_input_text() {
         (ChatCompletions, format!(r#"["{m}"]"#)),
         (ChatCompletions, m.to_string()),
         (ChatCompletions, format!(r#"{{"model":"x","messages":[{}]}}"#, vec![format!(r#"{{"role":"user","content":"{m}"}}"#); DEFAULT_MAX_MESSAGES + 1].join(","))),
+        (ChatCompletions, format!(r#"{{"model":"x","tools":"{m}","messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","documents":{{"{m}":"{m}"}},"messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","chat_template_kwargs":["{m}"],"messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","reasoning_effort":["{m}"],"messages":[]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"tool","tool_call_id":["{m}"]}}]}}"#)),
+        (ChatCompletions, format!(r#"{{"model":"x","messages":[{{"role":"user","content":"a","name":{{"{m}":1}}}}]}}"#)),
         (Completions, format!(r#"{{"model":"x","prompt":{{"{m}":1}}}}"#)),
         (Completions, format!(r#"{{"model":"x","prompt":["a","{m}",3]}}"#)),
         (Completions, format!(r#"{{"model":"x","prompt":[1,"{m}"]}}"#)),
@@ -355,7 +411,7 @@ fn errors_never_carry_input_text() {
             String::from_utf8_lossy(&body[..body.len().min(200)])
         );
     }
-    assert_eq!(cases.len(), 43);
+    assert_eq!(cases.len(), 49);
 }
 
 #[test]
