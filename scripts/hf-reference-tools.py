@@ -64,6 +64,11 @@ REQUESTS = [
      "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "Summarize."}],
      "documents": [{"title": "a", "text": "Doc one."}]},
+    # The request's add_generation_prompt (default true) wins over the kwargs'; the kwargs'
+    # documents stand when the request has none.
+    {"messages": [{"role": "user", "content": "Q"}],
+     "chat_template_kwargs": {"add_generation_prompt": False,
+                              "documents": [{"title": "k", "text": "From kwargs."}]}},
 ]
 
 
@@ -144,20 +149,21 @@ def main():
         rendered = []
         for request in REQUESTS:
             conv = developer_to_system(template, conversation(request))
-            kwargs = dict(request.get("chat_template_kwargs") or {})
+            # build_chat_params, then merge_kwargs (None and "auto" do not override).
+            user = request.get("chat_template_kwargs") or {}
+            extra = {
+                "add_generation_prompt": request.get("add_generation_prompt", True),
+                "continue_final_message": False,
+                "documents": request.get("documents"),
+                "reasoning_effort": request.get("reasoning_effort"),
+            }
             effort = request.get("reasoning_effort")
-            if effort is not None:
-                kwargs["reasoning_effort"] = effort
-                if "enable_thinking" not in (request.get("chat_template_kwargs") or {}):
-                    kwargs["enable_thinking"] = effort != "none"
+            if effort is not None and "enable_thinking" not in user:
+                extra["enable_thinking"] = effort != "none"
+            kwargs = dict(user) | {k: v for k, v in extra.items() if v is not None and v != "auto"}
             try:
                 text = tok.apply_chat_template(
-                    conv,
-                    tools=request.get("tools"),
-                    documents=request.get("documents"),
-                    add_generation_prompt=request.get("add_generation_prompt", True),
-                    tokenize=False,
-                    **kwargs,
+                    conv, tools=request.get("tools"), tokenize=False, **kwargs
                 )
             except Exception as e:  # the template refuses: kvrouter must fail to render too
                 text = None

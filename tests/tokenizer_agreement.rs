@@ -38,9 +38,41 @@ fn fetched_dir(model: &str) -> PathBuf {
     dir
 }
 
+/// Chat request bodies: every conversation of [`conversations`], then requests with what vLLM
+/// hands the template beside the messages (tools, tool calls and results, a developer message,
+/// template kwargs, reasoning).
+fn chats() -> Vec<Value> {
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let mut bodies: Vec<Value> = conversations()
+        .into_iter()
+        .map(|messages| json!({"model": "m", "messages": messages}))
+        .collect();
+    bodies.push(
+        json!({"model": "m", "tools": [weather.clone()], "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "18 C"},
+        {"role": "user", "content": "Thanks."}]}),
+    );
+    bodies.push(json!({"model": "m", "messages": [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": "Hello", "name": "ann"}]}));
+    bodies.push(
+        json!({"model": "m", "chat_template_kwargs": {"enable_thinking": false},
+        "reasoning_effort": "low", "messages": [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "A", "reasoning": "thought"},
+        {"role": "user", "content": "Q2"}]}),
+    );
+    bodies
+}
+
 /// Conversations that exercise the templates: system prompts, multi-turn, whitespace, digits,
 /// non-ASCII, text parts, an assistant turn with reasoning.
-fn chats() -> Vec<Value> {
+fn conversations() -> Vec<Value> {
     let system =
         "You are a careful assistant for a logistics company.  Answer in 3 words; cite [1].";
     vec![
@@ -93,36 +125,48 @@ fn load(dir: &Path) -> Pair {
 }
 
 impl Pair {
-    fn router_ids(&self, api: RouterApi, body: &[u8]) -> Vec<u32> {
+    /// The router's ids, or its error (a template that refuses the conversation).
+    fn router_ids(&self, api: RouterApi, body: &[u8]) -> Result<Vec<u32>, String> {
         let tokenizer = self.router.tokenizer("m").expect("router tokenizer");
         let parsed = router_request::parse(api, body).expect("the router parses");
         let tokens = match &parsed.prompt {
-            RouterPrompt::Chat(messages) => tokenizer.tokenize_chat(messages),
+            RouterPrompt::Chat(messages) => {
+                tokenizer.tokenize_chat_request(messages, &parsed.chat, None, None)
+            }
             RouterPrompt::Input(router_request::PromptInput::Text(t)) => tokenizer.tokenize_text(t),
             other => panic!("unexpected prompt {other:?}"),
         }
-        .expect("the router tokenizes");
+        .map_err(|e| e.to_string())?;
         assert!(!tokens.truncated);
-        tokens.ids
+        Ok(tokens.ids)
     }
 
-    fn sim_ids(&self, api: SimApi, body: &[u8]) -> Vec<u32> {
+    /// kvsim's ids, or its error.
+    fn sim_ids(&self, api: SimApi, body: &[u8]) -> Result<Vec<u32>, String> {
         let parsed = sim_request::parse(api, body).expect("kvsim parses");
         self.sim
             .request_tokens(&parsed)
-            .expect("kvsim tokenizes")
-            .ids
+            .map(|t| t.ids)
+            .map_err(|e| e.to_string())
     }
 
     /// Compares every chat and completion; returns how many prompts agreed.
     fn compare(&self, family: &str) -> usize {
         let mut compared = 0;
-        for (i, messages) in chats().into_iter().enumerate() {
-            let body = json!({"model": "m", "messages": messages}).to_string();
+        let plain = conversations().len();
+        for (i, body) in chats().into_iter().enumerate() {
+            let body = body.to_string();
             let router = self.router_ids(RouterApi::ChatCompletions, body.as_bytes());
             let sim = self.sim_ids(SimApi::ChatCompletions, body.as_bytes());
-            assert!(!sim.is_empty());
-            assert_eq!(router, sim, "{family}: chat {i} differs");
+            match (router, sim) {
+                (Ok(router), Ok(sim)) => {
+                    assert!(!sim.is_empty());
+                    assert_eq!(router, sim, "{family}: chat {i} differs");
+                }
+                // A template may refuse a conversation (Gemma 3 has no tool role): both must.
+                (Err(_), Err(_)) if i >= plain => {}
+                (router, sim) => panic!("{family}: chat {i}: router {router:?}, kvsim {sim:?}"),
+            }
             compared += 1;
         }
         let missing_bos = ROUTER_MISSES_CONFIG_BOS
@@ -131,8 +175,12 @@ impl Pair {
             .map(|(_, bos)| *bos);
         for (i, prompt) in completions().into_iter().enumerate() {
             let body = json!({"model": "m", "prompt": prompt}).to_string();
-            let router = self.router_ids(RouterApi::Completions, body.as_bytes());
-            let sim = self.sim_ids(SimApi::Completions, body.as_bytes());
+            let router = self
+                .router_ids(RouterApi::Completions, body.as_bytes())
+                .expect("the router tokenizes");
+            let sim = self
+                .sim_ids(SimApi::Completions, body.as_bytes())
+                .expect("kvsim tokenizes");
             match missing_bos {
                 Some(bos) => assert_eq!(
                     sim,
@@ -154,14 +202,14 @@ impl Pair {
 #[test]
 fn router_and_kvsim_tokenize_the_capture_model_alike() {
     let pair = load(&kvsim::capture::dir());
-    assert_eq!(pair.compare("smollm2"), 9);
+    assert_eq!(pair.compare("smollm2"), 12);
 }
 
 // One test per family, so they load in parallel (a debug build takes seconds per tokenizer).
 
 #[test]
 fn router_and_kvsim_tokenize_qwen3_alike() {
-    assert_eq!(load(&fetched_dir("qwen3")).compare("qwen3"), 9);
+    assert_eq!(load(&fetched_dir("qwen3")).compare("qwen3"), 12);
 }
 
 #[test]
@@ -170,10 +218,10 @@ fn router_and_kvsim_tokenize_gemma3_alike() {
     let pair = load(&fetched_dir("gemma3"));
     let format = pair.sim.chat_template().map(|t| t.content_format());
     assert_eq!(format, Some(kvsim::hf_tokenizer::ContentFormat::OpenAi));
-    assert_eq!(pair.compare("gemma3"), 9);
+    assert_eq!(pair.compare("gemma3"), 12);
 }
 
 #[test]
 fn router_and_kvsim_tokenize_deepseek_v3_alike_but_for_the_completion_bos() {
-    assert_eq!(load(&fetched_dir("deepseek_v3")).compare("deepseek_v3"), 9);
+    assert_eq!(load(&fetched_dir("deepseek_v3")).compare("deepseek_v3"), 12);
 }

@@ -233,10 +233,10 @@ impl ChatTemplate {
 
     /// The render context as Hugging Face's `apply_chat_template` builds it under vLLM: the
     /// special tokens, then the request's `chat_template_kwargs` (less `chat_template` and
-    /// `tokenize`, which vLLM refuses), then what vLLM sets itself (`documents`,
-    /// `reasoning_effort`, `enable_thinking` when reasoning is asked for and the kwargs do not
-    /// set it), then `messages`, `tools` and `add_generation_prompt` (true unless the request
-    /// says otherwise). Variables a template does not read are harmless, so vLLM's filter of
+    /// `tokenize`, which vLLM refuses), then what vLLM sets itself where it has a value
+    /// (`documents`, `reasoning_effort`, `enable_thinking` when reasoning is asked for and the
+    /// kwargs do not set it), then `messages`, `tools` and `add_generation_prompt` (the
+    /// request's, default true, over the kwargs'). Variables a template does not read are harmless, so vLLM's filter of
     /// the kwargs by the template's variables changes nothing here.
     fn context(&self, messages: Vec<RenderMessage<'_>>, options: &ChatOptions) -> Value {
         let json = |v: &serde_json::Value| Value::from(minijinja::value::Serde(v));
@@ -265,13 +265,18 @@ impl ChatTemplate {
                 .as_ref()
                 .is_some_and(|k| k.contains_key(key))
         };
-        set(
-            &mut vars,
-            "documents",
-            options.documents.as_ref().map_or(Value::from(()), json),
-        );
+        // vLLM merges its own values over the kwargs except those that are None or "auto"
+        // (`renderers/params.py` `merge_kwargs`): kwargs' `documents` stand when the request
+        // has none.
+        match &options.documents {
+            Some(documents) => set(&mut vars, "documents", json(documents)),
+            None if kwargs_set("documents") => {}
+            None => set(&mut vars, "documents", Value::from(())),
+        }
         if let Some(effort) = &options.reasoning_effort {
-            set(&mut vars, "reasoning_effort", Value::from(effort.as_str()));
+            if effort != "auto" {
+                set(&mut vars, "reasoning_effort", Value::from(effort.as_str()));
+            }
             if !kwargs_set("enable_thinking") {
                 set(&mut vars, "enable_thinking", Value::from(effort != "none"));
             }

@@ -310,11 +310,7 @@ fn probe_chat(template: &ChatTemplate) -> Option<String> {
         message("assistant", "It left   at 09:30.\n"),
         message("user", " Thanks!!  "),
     ];
-    let options = RenderOptions {
-        add_generation_prompt: true,
-        add_special_tokens: false,
-        chat_template_kwargs: serde_json::Map::new(),
-    };
+    let options = RenderOptions::default();
     template
         .render(&conversation, &options, |k| k.to_string())
         .ok()

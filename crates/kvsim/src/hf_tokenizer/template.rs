@@ -35,6 +35,9 @@ pub struct ChatTemplate {
     format: ContentFormat,
     /// Context entries every render starts from (special tokens).
     base_context: BTreeMap<String, Value>,
+    /// The template names the `developer` role (else vLLM renders developer messages as
+    /// system ones).
+    developer_role: bool,
 }
 
 /// A rendered conversation.
@@ -76,6 +79,7 @@ impl ChatTemplate {
             env,
             format: content_format::detect(source),
             base_context,
+            developer_role: source.contains("\"developer\"") || source.contains("'developer'"),
         })
     }
 
@@ -92,24 +96,46 @@ impl ChatTemplate {
         placeholder: impl Fn(usize) -> String,
     ) -> Result<Rendered, minijinja::Error> {
         let mut media = Vec::new();
-        let conversation: Vec<serde_json::Value> = messages
+        let mut conversation: Vec<serde_json::Value> = messages
             .iter()
             .map(|m| self.message(m, &mut media, &placeholder))
             .collect();
-        let mut context = self.base_context.clone();
-        for (key, value) in &options.chat_template_kwargs {
-            context.insert(key.clone(), Value::from(Serde(value)));
+        if !self.developer_role && messages.iter().any(|m| m.role == "developer") {
+            conversation = developer_as_system(conversation);
         }
-        let add_generation_prompt = context
-            .get("add_generation_prompt")
-            .map_or(options.add_generation_prompt, Value::is_true);
+        // vLLM 0.32's `build_chat_params` then `merge_kwargs`: the request's kwargs, then
+        // vLLM's own values over them, except those that are None or "auto".
+        let mut context = self.base_context.clone();
+        let kwargs = &options.chat_template_kwargs;
+        for (key, value) in kwargs {
+            if key != "chat_template" && key != "tokenize" {
+                context.insert(key.clone(), Value::from(Serde(value)));
+            }
+        }
         context.insert(
             "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
+            Value::from(options.add_generation_prompt),
         );
-        for absent in ["tools", "documents"] {
-            context.entry(absent.into()).or_insert(Value::from(()));
+        if let Some(documents) = &options.documents {
+            context.insert("documents".into(), Value::from(Serde(documents)));
         }
+        if let Some(effort) = &options.reasoning_effort {
+            if effort != "auto" {
+                context.insert("reasoning_effort".into(), Value::from(effort.as_str()));
+            }
+            if !kwargs.contains_key("enable_thinking") {
+                context.insert("enable_thinking".into(), Value::from(effort != "none"));
+            }
+        }
+        context.entry("documents".into()).or_insert(Value::from(()));
+        // transformers' apply_chat_template passes `tools` itself.
+        context.insert(
+            "tools".into(),
+            options
+                .tools
+                .as_ref()
+                .map_or(Value::from(()), |t| Value::from(Serde(t))),
+        );
         context.insert("messages".into(), Value::from(Serde(&conversation)));
         let text = self
             .env
@@ -184,6 +210,51 @@ impl ChatTemplate {
     }
 }
 
+/// vLLM's `_convert_developer_to_system` then `_consolidate_system_messages`: developer messages
+/// become system ones; if a system message is then not first, or there are several, their
+/// texts (parts' texts joined with "\n"; empty ones left out) become one system message, first,
+/// joined with "\n\n".
+fn developer_as_system(conversation: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let mut conversation = conversation;
+    for m in &mut conversation {
+        if m["role"] == "developer" {
+            m["role"] = json!("system");
+            if let Some(o) = m.as_object_mut() {
+                o.remove("tools");
+            }
+        }
+    }
+    let systems: Vec<usize> = (0..conversation.len())
+        .filter(|&i| conversation[i]["role"] == "system")
+        .collect();
+    if systems.is_empty() || systems == [0] {
+        return conversation;
+    }
+    let mut texts = Vec::new();
+    let mut rest = Vec::new();
+    for m in conversation {
+        if m["role"] != "system" {
+            rest.push(m);
+            continue;
+        }
+        let text = match &m["content"] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        };
+        if !text.is_empty() {
+            texts.push(text);
+        }
+    }
+    let mut out = vec![json!({"role": "system", "content": texts.join("\n\n")})];
+    out.extend(rest);
+    out
+}
+
 /// `{% generation %}` / `{% endgeneration %}` (transformers' assistant-mask extension) turned
 /// into an always-true `if`, whitespace control kept.
 fn without_generation_tags(source: &str) -> String {
@@ -239,11 +310,7 @@ mod tests {
     }
 
     fn options() -> RenderOptions {
-        RenderOptions {
-            add_generation_prompt: true,
-            add_special_tokens: false,
-            chat_template_kwargs: serde_json::Map::new(),
-        }
+        RenderOptions::default()
     }
 
     fn render(source: &str, messages: &[ChatMessage], options: &RenderOptions) -> Rendered {
@@ -262,7 +329,8 @@ mod tests {
         let mut opts = options();
         opts.add_generation_prompt = false;
         assert_eq!(render(source, &messages, &opts).text, "<s>[hi]</s>\nN");
-        // chat_template_kwargs reach the template and may override the flag.
+        // chat_template_kwargs reach the template, but vLLM 0.32 puts the request's own
+        // add_generation_prompt over theirs (`merge_kwargs`).
         let mut opts = options();
         opts.chat_template_kwargs =
             serde_json::from_str(r#"{"enable_thinking": false, "add_generation_prompt": false}"#)
@@ -272,7 +340,36 @@ mod tests {
             &messages,
             &opts,
         );
-        assert_eq!(out.text, "off");
+        assert_eq!(out.text, "off>");
+        // tools and documents as sent; reasoning_effort sets enable_thinking.
+        let mut opts = options();
+        opts.tools = Some(serde_json::json!([{"type": "function", "function": {"name": "f"}}]));
+        opts.documents = Some(serde_json::json!([{"text": "d"}]));
+        opts.reasoning_effort = Some("none".into());
+        let out = render(
+            "{{ tools[0].function.name }}{{ documents[0].text }}{{ reasoning_effort }}{% if not enable_thinking %}-{% endif %}",
+            &messages,
+            &opts,
+        );
+        assert_eq!(out.text, "fdnone-");
+    }
+
+    #[test]
+    fn developer_messages_become_system_ones_unless_the_template_names_the_role() {
+        let plain = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}";
+        let out = render(
+            plain,
+            &[
+                text_message("system", "A"),
+                text_message("user", "hi"),
+                text_message("developer", "B"),
+            ],
+            &options(),
+        );
+        assert_eq!(out.text, "[system]A\n\nB[user]hi");
+        let knows = "{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }}{% endfor %}";
+        let out = render(knows, &[text_message("developer", "x")], &options());
+        assert_eq!(out.text, "D:x");
     }
 
     #[test]

@@ -82,6 +82,15 @@ impl Fields {
         }
     }
 
+    /// An array, kept as sent; absent or null is `None`.
+    pub(super) fn array(&mut self, key: &str) -> Result<Option<Value>, RequestError> {
+        match self.take(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v @ Value::Array(_)) => Ok(Some(v)),
+            Some(other) => Err(self.wrong(key, "an array", &other)),
+        }
+    }
+
     /// An object; absent or null is `None`.
     pub(super) fn object(&mut self, key: &str) -> Result<Option<Map<String, Value>>, RequestError> {
         match self.take(key) {

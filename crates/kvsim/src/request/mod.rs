@@ -65,6 +65,26 @@ pub struct RenderOptions {
     pub add_special_tokens: bool,
     /// Extra variables for the chat template (`{"enable_thinking": false}`). Default none.
     pub chat_template_kwargs: Map<String, Value>,
+    /// `tools` (chat), as sent.
+    pub tools: Option<Value>,
+    /// `documents` (chat), as sent.
+    pub documents: Option<Value>,
+    /// `reasoning_effort` (chat): also `enable_thinking` unless the kwargs set it.
+    pub reasoning_effort: Option<String>,
+}
+
+impl Default for RenderOptions {
+    /// A chat request's defaults.
+    fn default() -> Self {
+        RenderOptions {
+            add_generation_prompt: true,
+            add_special_tokens: false,
+            chat_template_kwargs: Map::new(),
+            tools: None,
+            documents: None,
+            reasoning_effort: None,
+        }
+    }
 }
 
 /// The fields of a generation request the simulator acts on.
@@ -196,6 +216,13 @@ pub fn parse(api: ApiKind, body: &[u8]) -> Result<SimRequest, RequestError> {
         add_generation_prompt: f.bool("add_generation_prompt")?.unwrap_or(true),
         add_special_tokens: f.bool("add_special_tokens")?.unwrap_or(!chat),
         chat_template_kwargs: f.object("chat_template_kwargs")?.unwrap_or_default(),
+        tools: if chat { f.array("tools")? } else { None },
+        documents: if chat { f.array("documents")? } else { None },
+        reasoning_effort: if chat {
+            f.string("reasoning_effort")?
+        } else {
+            None
+        },
     };
     let prompt = if chat {
         Prompt::Chat(chat::messages(f.take("messages"))?)
