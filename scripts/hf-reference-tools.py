@@ -8,8 +8,13 @@ and `_postprocess_messages`; renderers/hf.py `safe_apply_chat_template`; the cha
 `real_templates_render_tools_like_hf`) parses each request as kvrouter does and compares its
 rendering with this text.
 
+Besides the real templates, a `probe` template prints every variable and message field with
+`tojson`, so fields the real templates do not read (documents, name, tool_call_id, kwargs) are
+compared too; it is rendered with Qwen3's tokenizer and special tokens.
+
 Usage: python3 scripts/hf-reference-tools.py [TOKENIZERS_DIR]
-  (needs: pip install transformers jinja2; TOKENIZERS_DIR defaults to .cache/tokenizers)
+  (needs: pip install "transformers>=5.16.1,<5.20" jinja2, the range vLLM 0.32 requires;
+  TOKENIZERS_DIR defaults to .cache/tokenizers)
 """
 import copy
 import json
@@ -19,7 +24,16 @@ import sys
 from transformers import PreTrainedTokenizerFast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ["qwen3", "llama3", "deepseek_v3"]
+MODELS = ["qwen3", "llama3", "deepseek_v3", "probe"]
+PROBE = (
+    "{% for m in messages %}{{ m | tojson }}\n{% endfor %}"
+    "tools={{ tools | tojson }}\ndocuments={{ documents | tojson }}\n"
+    "agp={{ add_generation_prompt | tojson }}\n"
+    "{% if enable_thinking is defined %}thinking={{ enable_thinking | tojson }}\n{% endif %}"
+    "{% if reasoning_effort is defined %}effort={{ reasoning_effort | tojson }}\n{% endif %}"
+    "{% if custom is defined %}custom={{ custom | tojson }}\n{% endif %}"
+    "{{ bos_token }}|{{ eos_token }}"
+)
 
 WEATHER = {
     "type": "function",
@@ -69,7 +83,51 @@ REQUESTS = [
     {"messages": [{"role": "user", "content": "Q"}],
      "chat_template_kwargs": {"add_generation_prompt": False,
                               "documents": [{"title": "k", "text": "From kwargs."}]}},
+    # Tools as clients send them: no description or parameters, keys in another order, keys
+    # vLLM's model drops, defer_loading on the tool; kwargs that are null or "auto" (not
+    # passed), and a kwargs `tools` over the request's.
+    {"messages": [{"role": "user", "content": "Q"}],
+     "tools": [{"function": {"parameters": {"type": "object"}, "name": "ping"}, "type": "function",
+                "cache_control": {"type": "ephemeral"}},
+               {"type": "function", "defer_loading": True,
+                "function": {"name": "later", "strict": True, "x": 1}}],
+     "chat_template_kwargs": {"custom": None, "enable_thinking": "auto"}},
+    {"messages": [{"role": "user", "content": "Q"}],
+     "tools": [WEATHER],
+     "chat_template_kwargs": {"tools": [{"anything": "as sent"}], "custom": [1, "x"]}},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "b"},
+                                               {"type": "text", "text": ""}, {"type": "text", "text": "c"}]}]},
 ]
+
+
+def dumped_tools(tools):
+    """vLLM 0.32's `[tool.model_dump() for tool in request.tools]` (ChatCompletionToolsParam,
+    FunctionDefinition and their model serializers)."""
+    if tools is None:
+        return None
+    out = []
+    for tool in tools:
+        f = tool["function"]
+        tool_defer = tool.get("defer_loading")
+        function = {"name": f["name"], "description": f.get("description"),
+                    "parameters": f.get("parameters")}
+        if f.get("strict") is not None:
+            function["strict"] = f["strict"]
+        defer = f.get("defer_loading")
+        if defer is None:
+            defer = tool_defer
+        if defer is not None:
+            function["defer_loading"] = defer
+        dumped = {"type": tool.get("type", "function"), "function": function}
+        if tool_defer is not None:
+            dumped["defer_loading"] = tool_defer
+        out.append(dumped)
+    return out
+
+
+def merge_kwargs(defaults, overrides):
+    """vLLM 0.32's renderers/params.py merge_kwargs."""
+    return dict(defaults or {}) | {k: v for k, v in (overrides or {}).items() if v not in (None, "auto")}
 
 
 def conversation(request):
@@ -82,7 +140,8 @@ def conversation(request):
             content = []
         elif isinstance(content, str):
             content = [{"type": "text", "text": content}]
-        msg = {"role": m["role"], "content": "\n".join(p["text"] for p in content)}
+        # An empty text part is left out (`if parse_res:`).
+        msg = {"role": m["role"], "content": "\n".join(p["text"] for p in content if p["text"])}
         if m["role"] == "assistant":
             if m.get("tool_calls") is not None:
                 msg["tool_calls"] = copy.deepcopy(list(m["tool_calls"]))
@@ -143,13 +202,18 @@ def developer_to_system(template, conv):
 def main():
     base = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, ".cache", "tokenizers")
     out = {"requests": REQUESTS, "rendered": {}}
+    import transformers
+    assert "5.16.1" <= transformers.__version__ < "5.20", transformers.__version__
+    out["transformers"] = transformers.__version__
+    out["probe_template"] = PROBE
     for model in MODELS:
-        tok = PreTrainedTokenizerFast.from_pretrained(os.path.join(base, model))
-        template = tok.chat_template
+        tok = PreTrainedTokenizerFast.from_pretrained(
+            os.path.join(base, "qwen3" if model == "probe" else model))
+        template = PROBE if model == "probe" else tok.chat_template
         rendered = []
         for request in REQUESTS:
             conv = developer_to_system(template, conversation(request))
-            # build_chat_params, then merge_kwargs (None and "auto" do not override).
+            # preprocess_chat's defaults, build_chat_params, then with_defaults.
             user = request.get("chat_template_kwargs") or {}
             extra = {
                 "add_generation_prompt": request.get("add_generation_prompt", True),
@@ -160,10 +224,14 @@ def main():
             effort = request.get("reasoning_effort")
             if effort is not None and "enable_thinking" not in user:
                 extra["enable_thinking"] = effort != "none"
-            kwargs = dict(user) | {k: v for k, v in extra.items() if v is not None and v != "auto"}
+            defaults = merge_kwargs({}, {"tools": dumped_tools(request.get("tools")), "tokenize": False})
+            kwargs = merge_kwargs(defaults, merge_kwargs(user, extra))
+            kwargs.pop("continue_final_message")
+            tools = kwargs.pop("tools", None)
+            kwargs.pop("tokenize")
             try:
                 text = tok.apply_chat_template(
-                    conv, tools=request.get("tools"), tokenize=False, **kwargs
+                    conv, tools=tools, chat_template=template, tokenize=False, **kwargs
                 )
             except Exception as e:  # the template refuses: kvrouter must fail to render too
                 text = None

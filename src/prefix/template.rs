@@ -231,75 +231,52 @@ impl ChatTemplate {
         })
     }
 
-    /// The render context as Hugging Face's `apply_chat_template` builds it under vLLM: the
-    /// special tokens, then the request's `chat_template_kwargs` (less `chat_template` and
-    /// `tokenize`, which vLLM refuses), then what vLLM sets itself where it has a value
-    /// (`documents`, `reasoning_effort`, `enable_thinking` when reasoning is asked for and the
-    /// kwargs do not set it), then `messages`, `tools` and `add_generation_prompt` (the
-    /// request's, default true, over the kwargs'). Variables a template does not read are harmless, so vLLM's filter of
-    /// the kwargs by the template's variables changes nothing here.
+    /// The render context as vLLM 0.32 and Hugging Face's `apply_chat_template` build it.
+    /// vLLM merges, later over earlier, skipping values that are None or "auto" in each
+    /// overriding layer (`renderers/params.py` `merge_kwargs`): its defaults (the request's
+    /// `tools`, normalised as its pydantic model dumps them), then the request's
+    /// `chat_template_kwargs` (less `chat_template` and `tokenize`, which it refuses) with its
+    /// own values over them (`add_generation_prompt`, default true; `documents`;
+    /// `reasoning_effort`; `enable_thinking` when reasoning is asked for and the kwargs do not
+    /// set it). transformers then renders with the special tokens, `messages`, and `tools`,
+    /// `documents` (none when unset) and `add_generation_prompt` as its own parameters.
+    /// Variables a template does not read are harmless, so vLLM's filter of the kwargs by the
+    /// template's variables changes nothing here.
     fn context(&self, messages: Vec<RenderMessage<'_>>, options: &ChatOptions) -> Value {
+        use std::collections::BTreeMap;
         let json = |v: &serde_json::Value| Value::from(minijinja::value::Serde(v));
-        let mut vars: Vec<(&str, Value)> = vec![
-            ("bos_token", Value::from(self.bos_token.as_str())),
-            ("eos_token", Value::from(self.eos_token.as_str())),
-            ("unk_token", Value::from(self.unk_token.as_str())),
-            ("pad_token", Value::from(self.pad_token.as_str())),
-        ];
-        fn set<'k>(vars: &mut Vec<(&'k str, Value)>, key: &'k str, value: Value) {
-            match vars.iter_mut().find(|(k, _)| *k == key) {
-                Some(slot) => slot.1 = value,
-                None => vars.push((key, value)),
+        let unset = |v: &serde_json::Value| v.is_null() || v.as_str() == Some("auto");
+        let mut vars: BTreeMap<&str, Value> = BTreeMap::new();
+        vars.insert("bos_token", Value::from(self.bos_token.as_str()));
+        vars.insert("eos_token", Value::from(self.eos_token.as_str()));
+        vars.insert("unk_token", Value::from(self.unk_token.as_str()));
+        vars.insert("pad_token", Value::from(self.pad_token.as_str()));
+        vars.insert("documents", Value::from(()));
+        let tools = options.tools.as_ref().map(vllm_tools);
+        vars.insert("tools", tools.as_ref().map_or(Value::from(()), json));
+        let kwargs = options.template_kwargs.as_ref();
+        for (k, v) in kwargs.into_iter().flatten() {
+            if k != "chat_template" && k != "tokenize" && !unset(v) {
+                vars.insert(k.as_str(), json(v));
             }
         }
-        if let Some(kwargs) = &options.template_kwargs {
-            for (k, v) in kwargs {
-                if k != "chat_template" && k != "tokenize" {
-                    set(&mut vars, k, json(v));
-                }
-            }
-        }
-        let kwargs_set = |key: &str| {
-            options
-                .template_kwargs
-                .as_ref()
-                .is_some_and(|k| k.contains_key(key))
-        };
-        // vLLM merges its own values over the kwargs except those that are None or "auto"
-        // (`renderers/params.py` `merge_kwargs`): kwargs' `documents` stand when the request
-        // has none.
-        match &options.documents {
-            Some(documents) => set(&mut vars, "documents", json(documents)),
-            None if kwargs_set("documents") => {}
-            None => set(&mut vars, "documents", Value::from(())),
+        if let Some(documents) = options.documents.as_ref().filter(|d| !unset(d)) {
+            vars.insert("documents", json(documents));
         }
         if let Some(effort) = &options.reasoning_effort {
             if effort != "auto" {
-                set(&mut vars, "reasoning_effort", Value::from(effort.as_str()));
+                vars.insert("reasoning_effort", Value::from(effort.as_str()));
             }
-            if !kwargs_set("enable_thinking") {
-                set(&mut vars, "enable_thinking", Value::from(effort != "none"));
+            if !kwargs.is_some_and(|k| k.contains_key("enable_thinking")) {
+                vars.insert("enable_thinking", Value::from(effort != "none"));
             }
         }
-        set(
-            &mut vars,
-            "messages",
-            Value::from(minijinja::value::Serde(&messages)),
-        );
-        set(
-            &mut vars,
-            "tools",
-            options.tools.as_ref().map_or(Value::from(()), json),
-        );
-        set(
-            &mut vars,
+        vars.insert(
             "add_generation_prompt",
             Value::from(options.add_generation_prompt.unwrap_or(true)),
         );
-        Value::from(
-            vars.into_iter()
-                .collect::<std::collections::BTreeMap<&str, Value>>(),
-        )
+        vars.insert("messages", Value::from(minijinja::value::Serde(&messages)));
+        Value::from(vars)
     }
 
     /// A message as vLLM hands it to the template: role and content, an assistant's
@@ -308,8 +285,9 @@ impl ChatTemplate {
     fn message<'a>(&self, m: &'a ChatMessage<'a>, marker: Option<String>) -> RenderMessage<'a> {
         let role = m.role.as_ref();
         let all_text = m.content.iter().all(|p| matches!(p, ContentPart::Text(_)));
-        let content = if role == "tool" && all_text && marker.is_none() {
-            RenderContent::Text(join_text(&m.content))
+        // As parts, a tool result of text parts is one string (empty parts kept).
+        let content = if role == "tool" && all_text && marker.is_none() && self.content_as_parts {
+            RenderContent::Text(join_text(&m.content, true))
         } else {
             self.content(&m.content, marker)
         };
@@ -343,7 +321,8 @@ impl ChatTemplate {
         marker: Option<String>,
     ) -> RenderContent<'a> {
         if !self.content_as_parts {
-            let mut text = join_text(parts);
+            // vLLM leaves empty text parts out of the joined string.
+            let mut text = join_text(parts, false);
             if let Some(m) = marker {
                 text.insert_str(leading_whitespace(&text), &m);
             }
@@ -399,11 +378,14 @@ impl std::io::Write for CappedWriter {
 
 /// vLLM's "string" content format: the text parts joined with newlines (media dropped; the
 /// engine's processor inserts its placeholders, which we cannot reproduce).
-fn join_text(parts: &[ContentPart<'_>]) -> String {
+fn join_text(parts: &[ContentPart<'_>], keep_empty: bool) -> String {
     let mut out = String::new();
     let mut first = true;
     for part in parts {
         if let ContentPart::Text(t) = part {
+            if t.is_empty() && !keep_empty {
+                continue;
+            }
             if !first {
                 out.push('\n');
             }
@@ -466,6 +448,53 @@ struct RenderMessage<'a> {
     tool_call_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
+}
+
+/// The request's `tools` as vLLM hands them to the template: each tool as its pydantic model
+/// dumps it (`ChatCompletionToolsParam`, `FunctionDefinition`), keys in the models' order,
+/// unknown ones dropped: `type` (default "function"), `function` with `name`, `description`
+/// and `parameters` (null when absent) and `strict` / `defer_loading` when set (a tool-level
+/// `defer_loading` copied into its function), then the tool's own `defer_loading` when set.
+/// Anything vLLM would refuse (a tool that is not an object, a function without a name) is
+/// passed as sent: the engine answers such a request with a 400 anyway.
+fn vllm_tools(tools: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Map, Value as J};
+    let Some(list) = tools.as_array() else {
+        return tools.clone();
+    };
+    let set = |v: Option<&J>| v.filter(|v| !v.is_null()).cloned();
+    J::Array(
+        list.iter()
+            .map(|tool| {
+                let Some(function) = tool.get("function").filter(|f| f.get("name").is_some())
+                else {
+                    return tool.clone();
+                };
+                let tool_defer = set(tool.get("defer_loading"));
+                let mut f = Map::new();
+                f.insert("name".into(), function["name"].clone());
+                for key in ["description", "parameters"] {
+                    f.insert(key.into(), function.get(key).cloned().unwrap_or(J::Null));
+                }
+                if let Some(strict) = set(function.get("strict")) {
+                    f.insert("strict".into(), strict);
+                }
+                if let Some(defer) = set(function.get("defer_loading")).or(tool_defer.clone()) {
+                    f.insert("defer_loading".into(), defer);
+                }
+                let mut out = Map::new();
+                out.insert(
+                    "type".into(),
+                    set(tool.get("type")).unwrap_or_else(|| J::from("function")),
+                );
+                out.insert("function".into(), J::Object(f));
+                if let Some(defer) = tool_defer {
+                    out.insert("defer_loading".into(), defer);
+                }
+                J::Object(out)
+            })
+            .collect(),
+    )
 }
 
 /// An assistant's `tool_calls` as vLLM's `_postprocess_messages` leaves them: an empty list is
@@ -660,15 +689,24 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// HF's `tojson`: Python `json.dumps(x, ensure_ascii=False, indent=indent)`, i.e. `", "` and
-/// `": "` separators when compact, newlines and `indent` spaces otherwise; no HTML escaping.
+/// HF's `tojson`: Python `json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=...)`,
+/// i.e. `", "` and `": "` separators when compact, newlines and `indent` spaces otherwise; no
+/// HTML escaping; keys in insertion order unless `sort_keys`.
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
-    // Other keyword arguments (sort_keys, separators, ensure_ascii) are accepted and ignored.
-    for key in ["ensure_ascii", "sort_keys", "separators"] {
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // Other keyword arguments (separators, ensure_ascii) are accepted and ignored.
+    for key in ["ensure_ascii", "separators"] {
         let _: Option<Value> = kwargs.get(key)?;
     }
     kwargs.assert_all_used()?;
+    let value = if sort_keys == Some(true) {
+        let json = serde_json::to_value(&value)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+        Value::from(minijinja::value::Serde(&sorted_keys(json)))
+    } else {
+        value
+    };
     let mut out = Vec::new();
     let result = match indent {
         Some(n) => {
@@ -686,6 +724,26 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error
     let text = String::from_utf8(out)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     Ok(Value::from_safe_string(text))
+}
+
+/// `value` with every object's keys sorted (Python's `sort_keys=True`).
+fn sorted_keys(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sorted_keys(v)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sorted_keys).collect())
+        }
+        other => other,
+    }
 }
 
 /// `json.dumps` default separators: `", "` between items, `": "` after keys.
@@ -778,6 +836,15 @@ mod tests {
                 r#"{"a": [1, "é"], "b": null}"#,
             ),
             ("{{ [1] | tojson(indent=2) }}", "[\n  1\n]"),
+            // Insertion order, as Python's dicts keep it, unless sort_keys.
+            (
+                "{{ {'b': 1, 'a': {'d': 2, 'c': 3}} | tojson }}",
+                r#"{"b": 1, "a": {"d": 2, "c": 3}}"#,
+            ),
+            (
+                "{{ {'b': 1, 'a': {'d': 2, 'c': [{'z': 0, 'y': 1}]}} | tojson(sort_keys=true) }}",
+                r#"{"a": {"c": [{"y": 1, "z": 0}], "d": 2}, "b": 1}"#,
+            ),
             // Slicing with a step, as Qwen templates do.
             ("{% for m in messages[::-1] %}{{ m.role }}{% endfor %}", "user"),
         ];

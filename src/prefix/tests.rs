@@ -447,9 +447,20 @@ fn real_templates_render_tools_like_hf() {
     let reference: serde_json::Value =
         serde_json::from_str(include_str!("../../tests/data/hf-reference-tools.json")).unwrap();
     let requests = reference["requests"].as_array().unwrap();
-    assert!(requests.len() >= 8, "reference requests");
-    for model in ["qwen3", "llama3", "deepseek_v3"] {
-        let template = template_of(&fetched(model));
+    assert!(requests.len() >= 12, "reference requests");
+    // The probe prints every variable and message field (with Qwen3's special tokens), so
+    // what the real templates leave out is compared too.
+    let probe = |dir: &Path| {
+        let cfg = template::TokenizerConfigFile::read(&dir.join("tokenizer_config.json"), "t");
+        let source = reference["probe_template"].as_str().unwrap().to_string();
+        template::ChatTemplate::new(source, &cfg.unwrap(), template::RenderLimits::default())
+            .unwrap()
+    };
+    for model in ["qwen3", "llama3", "deepseek_v3", "probe"] {
+        let template = match model {
+            "probe" => probe(&fetched("qwen3")),
+            _ => template_of(&fetched(model)),
+        };
         let rendered = reference["rendered"][model].as_array().unwrap();
         assert_eq!(rendered.len(), requests.len(), "{model}");
         for (request, want) in requests.iter().zip(rendered) {

@@ -121,6 +121,46 @@ pub struct ChatOptions {
     pub reasoning_effort: Option<String>,
 }
 
+impl ChatOptions {
+    /// Takes the request field `key`'s value: a value of a shape vLLM would not accept is
+    /// left out (the engine answers that request itself); booleans as pydantic reads them
+    /// leniently ("yes", "off", 0...).
+    pub(crate) fn take(&mut self, key: &str, value: serde_json::Value) {
+        use serde_json::Value as J;
+        match key {
+            "tools" => self.tools = Some(value).filter(J::is_array),
+            "documents" => self.documents = Some(value).filter(J::is_array),
+            "chat_template_kwargs" => {
+                self.template_kwargs = match value {
+                    J::Object(map) => Some(map),
+                    _ => None,
+                }
+            }
+            "add_generation_prompt" => self.add_generation_prompt = lenient_bool(&value),
+            "reasoning_effort" => self.reasoning_effort = value.as_str().map(str::to_owned),
+            _ => {}
+        }
+    }
+}
+
+/// A boolean as pydantic's lax mode reads one.
+fn lenient_bool(value: &serde_json::Value) -> Option<bool> {
+    match value {
+        serde_json::Value::Bool(b) => Some(*b),
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(x) if x == 1.0 => Some(true),
+            Some(x) if x == 0.0 => Some(false),
+            _ => None,
+        },
+        serde_json::Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+            "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Why a body was rejected. Shown to the client in a 400 (or, for [`RequestError::TooLarge`],
 /// 413) error, so no variant carries input text: field paths, JSON type names, line/column
 /// numbers and limits only.

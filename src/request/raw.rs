@@ -139,11 +139,6 @@ impl Seen {
     const MESSAGES: u32 = 5;
     const PROMPT: u32 = 6;
     const INPUT: u32 = 7;
-    const TOOLS: u32 = 8;
-    const DOCUMENTS: u32 = 9;
-    const TEMPLATE_KWARGS: u32 = 10;
-    const ADD_GENERATION_PROMPT: u32 = 11;
-    const REASONING_EFFORT: u32 = 12;
 
     /// Marks field `n` read; true when it was read before.
     fn again(&mut self, n: u32) -> bool {
@@ -203,43 +198,18 @@ impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
                     }
                     raw.messages = map.next_value_seed(Nullable(MessagesSeed(self.budget)))?;
                 }
-                "tools" if api == ApiKind::ChatCompletions => {
-                    if seen.again(Seen::TOOLS) {
-                        return map.next_value_seed(Duplicate("tools")).map(|()| raw);
-                    }
-                    raw.chat.tools = map.next_value::<Option<JsonArray>>()?.map(|a| a.0);
-                }
-                "documents" if api == ApiKind::ChatCompletions => {
-                    if seen.again(Seen::DOCUMENTS) {
-                        return map.next_value_seed(Duplicate("documents")).map(|()| raw);
-                    }
-                    raw.chat.documents = map.next_value::<Option<JsonArray>>()?.map(|a| a.0);
-                }
-                "chat_template_kwargs" if api == ApiKind::ChatCompletions => {
-                    if seen.again(Seen::TEMPLATE_KWARGS) {
-                        return map
-                            .next_value_seed(Duplicate("chat_template_kwargs"))
-                            .map(|()| raw);
-                    }
-                    raw.chat.template_kwargs = map.next_value::<Option<JsonObject>>()?.map(|o| o.0);
-                }
-                "add_generation_prompt" if api == ApiKind::ChatCompletions => {
-                    if seen.again(Seen::ADD_GENERATION_PROMPT) {
-                        return map
-                            .next_value_seed(Duplicate("add_generation_prompt"))
-                            .map(|()| raw);
-                    }
-                    raw.chat.add_generation_prompt = map.next_value::<Option<Flag>>()?.map(|f| f.0);
-                }
-                "reasoning_effort" if api == ApiKind::ChatCompletions => {
-                    if seen.again(Seen::REASONING_EFFORT) {
-                        return map
-                            .next_value_seed(Duplicate("reasoning_effort"))
-                            .map(|()| raw);
-                    }
-                    raw.chat.reasoning_effort = map
-                        .next_value::<Option<Text<'de>>>()?
-                        .map(|t| t.0.into_owned());
+                // What only the chat template reads: taken leniently (a value of another
+                // shape is left out, a repeated key keeps its last value), so hashing inputs
+                // never refuse a request the engine would serve.
+                "tools"
+                | "documents"
+                | "chat_template_kwargs"
+                | "add_generation_prompt"
+                | "reasoning_effort"
+                    if api == ApiKind::ChatCompletions =>
+                {
+                    let value = map.next_value::<serde_json::Value>()?;
+                    raw.chat.take(key.0.as_ref(), value);
                 }
                 "prompt" if api == ApiKind::Completions => {
                     if seen.again(Seen::PROMPT) {
@@ -261,30 +231,6 @@ impl<'de, 'b> Visitor<'de> for RequestSeed<'b> {
         Ok(raw)
     }
     reject!(bool, num, str, null, seq, bytes);
-}
-
-/// A JSON array (any elements), as sent; anything else is refused without echoing it.
-struct JsonArray(serde_json::Value);
-
-impl<'de> serde::Deserialize<'de> for JsonArray {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        match serde_json::Value::deserialize(de)? {
-            v @ serde_json::Value::Array(_) => Ok(JsonArray(v)),
-            _ => Err(de::Error::custom("must be an array")),
-        }
-    }
-}
-
-/// A JSON object, as sent; anything else is refused without echoing it.
-struct JsonObject(serde_json::Map<String, serde_json::Value>);
-
-impl<'de> serde::Deserialize<'de> for JsonObject {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        match serde_json::Value::deserialize(de)? {
-            serde_json::Value::Object(o) => Ok(JsonObject(o)),
-            _ => Err(de::Error::custom("must be an object")),
-        }
-    }
 }
 
 /// `null` or the seed's value.

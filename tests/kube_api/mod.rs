@@ -78,6 +78,8 @@ pub fn watch_text(text: &str, end: bool) -> Reply {
 struct Shared {
     scripts: Mutex<HashMap<String, VecDeque<Reply>>>,
     log: Mutex<Vec<String>>,
+    /// When each logged request arrived.
+    arrived: Mutex<Vec<tokio::time::Instant>>,
     stage: Option<tokio::sync::watch::Sender<u32>>,
 }
 
@@ -120,6 +122,11 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     shared.log.lock().unwrap().push(format!("{path}?{query}"));
+    shared
+        .arrived
+        .lock()
+        .unwrap()
+        .push(tokio::time::Instant::now());
     let authorized = req
         .headers()
         .get("authorization")
@@ -231,6 +238,17 @@ impl ApiServer {
     /// Every request so far, as `path?query`.
     pub fn requests(&self) -> Vec<String> {
         self.shared.log.lock().unwrap().clone()
+    }
+
+    /// When each request containing `needle` arrived, in order.
+    pub fn arrivals_with(&self, needle: &str) -> Vec<tokio::time::Instant> {
+        let log = self.shared.log.lock().unwrap();
+        let arrived = self.shared.arrived.lock().unwrap();
+        log.iter()
+            .zip(arrived.iter())
+            .filter(|(r, _)| r.contains(needle))
+            .map(|(_, t)| *t)
+            .collect()
     }
 
     /// The requests whose path and query contain `needle`.

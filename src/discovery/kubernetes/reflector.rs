@@ -31,8 +31,9 @@ const PAGE_LIMIT: u32 = 500;
 /// First and longest wait after a failed list or watch.
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A watch that ends sooner than this is taken as a failure (as client-go's reflector takes a
-/// very short watch): a proxy answering and closing at once must not make a request loop.
+/// A watch that ends sooner than this without an event is taken as a failure (as client-go's
+/// reflector takes a very short watch): a proxy answering and closing at once must not make a
+/// request loop.
 const SHORT_WATCH: Duration = Duration::from_secs(1);
 
 /// An object kept by a [`Reflector`].
@@ -75,8 +76,9 @@ struct Event {
 
 /// Why a watch stopped.
 enum Ended {
-    /// The server ended it (its timeout): watch again from the last version.
-    Closed,
+    /// The server ended it (its timeout): watch again from the last version. With the events
+    /// it delivered.
+    Closed { events: usize },
     /// 410 Gone: list again.
     Expired,
 }
@@ -120,12 +122,12 @@ impl Reflector {
             loop {
                 let started = tokio::time::Instant::now();
                 match self.watch(&mut version, &mut objects, &mut on_change).await {
-                    Ok(Ended::Closed) if started.elapsed() < SHORT_WATCH => {
+                    Ok(Ended::Closed { events: 0 }) if started.elapsed() < SHORT_WATCH => {
                         tracing::warn!(path = %self.path, retry_in = ?backoff, "Kubernetes watch ended at once; resuming after a backoff");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(BACKOFF_MAX);
                     }
-                    Ok(Ended::Closed) => backoff = BACKOFF_MIN,
+                    Ok(Ended::Closed { .. }) => backoff = BACKOFF_MIN,
                     Ok(Ended::Expired) => {
                         tracing::info!(path = %self.path, %version, "watch expired (410 Gone); listing again");
                         continue 'list;
@@ -182,18 +184,20 @@ impl Reflector {
         );
         let mut lines = self.client.watch(&self.url(&extra)).await?;
         let idle = Duration::from_secs(WATCH_TIMEOUT_S) + WATCH_GRACE;
+        let mut events = 0;
         loop {
             let line = tokio::time::timeout(idle, lines.next_line())
                 .await
                 .map_err(|_| KubeError::Transport(format!("watch silent for {idle:?}")))??;
             let Some(line) = line else {
-                return Ok(Ended::Closed);
+                return Ok(Ended::Closed { events });
             };
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
             let event: Event = serde_json::from_slice(&line)
                 .map_err(|e| KubeError::Protocol(format!("watch {}: {e}", self.path)))?;
+            events += 1;
             let event_version = event.object["metadata"]["resourceVersion"]
                 .as_str()
                 .map(str::to_string);

@@ -105,10 +105,22 @@ impl ChatTemplate {
         }
         // vLLM 0.32's `build_chat_params` then `merge_kwargs`: the request's kwargs, then
         // vLLM's own values over them, except those that are None or "auto".
+        // Layers, later over earlier; in each overriding layer None and "auto" do not count:
+        // vLLM's defaults (the request's tools, as its pydantic models dump them), the
+        // request's kwargs, vLLM's values from the request.
         let mut context = self.base_context.clone();
+        context.insert("documents".into(), Value::from(()));
+        context.insert(
+            "tools".into(),
+            options
+                .tools
+                .as_ref()
+                .map_or(Value::from(()), |t| Value::from(Serde(&dumped_tools(t)))),
+        );
         let kwargs = &options.chat_template_kwargs;
+        let counts = |v: &serde_json::Value| !v.is_null() && v.as_str() != Some("auto");
         for (key, value) in kwargs {
-            if key != "chat_template" && key != "tokenize" {
+            if key != "chat_template" && key != "tokenize" && counts(value) {
                 context.insert(key.clone(), Value::from(Serde(value)));
             }
         }
@@ -116,7 +128,7 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(options.add_generation_prompt),
         );
-        if let Some(documents) = &options.documents {
+        if let Some(documents) = options.documents.as_ref().filter(|d| counts(d)) {
             context.insert("documents".into(), Value::from(Serde(documents)));
         }
         if let Some(effort) = &options.reasoning_effort {
@@ -127,15 +139,6 @@ impl ChatTemplate {
                 context.insert("enable_thinking".into(), Value::from(effort != "none"));
             }
         }
-        context.entry("documents".into()).or_insert(Value::from(()));
-        // transformers' apply_chat_template passes `tools` itself.
-        context.insert(
-            "tools".into(),
-            options
-                .tools
-                .as_ref()
-                .map_or(Value::from(()), |t| Value::from(Serde(t))),
-        );
         context.insert("messages".into(), Value::from(Serde(&conversation)));
         let text = self
             .env
@@ -174,8 +177,10 @@ impl ChatTemplate {
                 serde_json::Value::Array(parts)
             }
             ContentFormat::OpenAi => serde_json::Value::String(texts.join("\n")),
-            // vLLM puts the media placeholders first, then the text, one per line.
+            // vLLM puts the media placeholders first, then the text, one per line; an empty
+            // text part is left out (`if parse_res:`).
             ContentFormat::String => {
+                texts.retain(|t| !t.is_empty());
                 let text = texts.join("\n");
                 if !text.is_empty() {
                     placeholders.push(text);
@@ -208,6 +213,52 @@ impl ChatTemplate {
         }
         serde_json::Value::Object(out)
     }
+}
+
+/// `tools` as vLLM 0.32 dumps its `ChatCompletionToolsParam` models for the template: per tool
+/// `type` (default "function"), `function` {`name`, `description`, `parameters` (null when
+/// missing), `strict` and `defer_loading` only when set, the tool's `defer_loading` inherited},
+/// the tool's `defer_loading` when set; other keys dropped. A tool vLLM would refuse is kept
+/// as sent.
+fn dumped_tools(tools: &serde_json::Value) -> serde_json::Value {
+    let serde_json::Value::Array(list) = tools else {
+        return tools.clone();
+    };
+    let given = |v: Option<&serde_json::Value>| v.filter(|v| !v.is_null()).cloned();
+    let dumped = list.iter().map(|tool| {
+        let function = match tool.get("function") {
+            Some(f) if f.get("name").is_some() => f,
+            _ => return tool.clone(),
+        };
+        let tool_defer = given(tool.get("defer_loading"));
+        let mut f = serde_json::Map::new();
+        f.insert("name".into(), function["name"].clone());
+        f.insert(
+            "description".into(),
+            function.get("description").cloned().unwrap_or_default(),
+        );
+        f.insert(
+            "parameters".into(),
+            function.get("parameters").cloned().unwrap_or_default(),
+        );
+        if let Some(v) = given(function.get("strict")) {
+            f.insert("strict".into(), v);
+        }
+        if let Some(v) = given(function.get("defer_loading")).or_else(|| tool_defer.clone()) {
+            f.insert("defer_loading".into(), v);
+        }
+        let mut out = serde_json::Map::new();
+        out.insert(
+            "type".into(),
+            given(tool.get("type")).unwrap_or_else(|| json!("function")),
+        );
+        out.insert("function".into(), serde_json::Value::Object(f));
+        if let Some(v) = tool_defer {
+            out.insert("defer_loading".into(), v);
+        }
+        serde_json::Value::Object(out)
+    });
+    serde_json::Value::Array(dumped.collect())
 }
 
 /// vLLM's `_convert_developer_to_system` then `_consolidate_system_messages`: developer messages
