@@ -147,11 +147,10 @@ impl ChatOptions {
 fn lenient_bool(value: &serde_json::Value) -> Option<bool> {
     match value {
         serde_json::Value::Bool(b) => Some(*b),
-        serde_json::Value::Number(n) => match n.as_f64() {
-            Some(x) if x == 1.0 => Some(true),
-            Some(x) if x == 0.0 => Some(false),
-            _ => None,
-        },
+        serde_json::Value::Number(n) => {
+            let x = n.as_f64()?;
+            (x == 1.0 || x == 0.0).then_some(x == 1.0)
+        }
         serde_json::Value::String(s) => match s.to_ascii_lowercase().as_str() {
             "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
             "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
