@@ -149,6 +149,8 @@ pub struct KvTierConfig {
 }
 
 impl Default for KvTierConfig {
+    /// The CPU tier's speed. Not used when parsing: a partial `cpu` or `other` block takes its
+    /// own tier's defaults field by field (`cpu_tier`, `other_tier`).
     fn default() -> Self {
         KvTiersConfig::default().cpu
     }

@@ -48,8 +48,12 @@ fn hash_bytes(parent: u64, chunk: &[u8]) -> u64 {
 /// Chained hashes of full byte chunks of `prompt` (at most `max_blocks`), under `hasher`'s
 /// byte-chunk root. Chat messages are serialized as role, `0x1E`, then each part (text bytes, or
 /// `0x1D` and the media hash), then `0x1F`. A batch prompt hashes its first element.
+///
+/// `tools` (a chat request's tools as JSON text) is fed first, then `0x1c`: templates render
+/// them ahead of the conversation, so requests differing only in tools differ from the start.
 pub(crate) fn byte_block_hashes(
     prompt: &Prompt<'_>,
+    tools: Option<&str>,
     hasher: &BlockHasher,
     max_blocks: usize,
 ) -> Vec<u64> {
@@ -62,6 +66,10 @@ pub(crate) fn byte_block_hashes(
     };
     match prompt {
         Prompt::Chat(messages) => {
+            if let Some(tools) = tools {
+                c.feed(tools.as_bytes());
+                c.feed(&[0x1c]);
+            }
             for m in messages {
                 if c.full() {
                     break;
@@ -106,18 +114,18 @@ mod tests {
     fn chunks_are_chained_namespaced_and_capped() {
         let ns = Namespace::new("m", None, None);
         let h = BlockHasher::for_byte_chunks(&ns, 2); // 8-byte chunks
-        let a = byte_block_hashes(&text("0123456789abcdefXYZ"), &h, usize::MAX);
+        let a = byte_block_hashes(&text("0123456789abcdefXYZ"), None, &h, usize::MAX);
         assert_eq!(a.len(), 2, "only full chunks");
-        let b = byte_block_hashes(&text("0123456789abcdeF"), &h, usize::MAX);
+        let b = byte_block_hashes(&text("0123456789abcdeF"), None, &h, usize::MAX);
         assert_eq!(a[0], b[0]);
         assert_ne!(a[1], b[1]);
         assert_eq!(
-            byte_block_hashes(&text("0123456789abcdefXYZ"), &h, 1),
+            byte_block_hashes(&text("0123456789abcdefXYZ"), None, &h, 1),
             a[..1]
         );
         let other = BlockHasher::for_byte_chunks(&Namespace::new("m", None, Some("t")), 2);
         assert_ne!(
-            byte_block_hashes(&text("0123456789abcdef"), &other, 9)[0],
+            byte_block_hashes(&text("0123456789abcdef"), None, &other, 9)[0],
             a[0]
         );
     }
@@ -134,20 +142,30 @@ mod tests {
             }])
         };
         let t = |s: &'static str| ContentPart::Text(Cow::Borrowed(s));
-        let user = byte_block_hashes(&chat("user", vec![t("hello world")]), &h, 99);
-        let system = byte_block_hashes(&chat("system", vec![t("hello world")]), &h, 99);
+        let user = byte_block_hashes(&chat("user", vec![t("hello world")]), None, &h, 99);
+        let system = byte_block_hashes(&chat("system", vec![t("hello world")]), None, &h, 99);
         assert_ne!(user[0], system[0]);
         let img1 = byte_block_hashes(
             &chat("user", vec![t("hello"), ContentPart::Image(1)]),
+            None,
             &h,
             99,
         );
         let img2 = byte_block_hashes(
             &chat("user", vec![t("hello"), ContentPart::Image(2)]),
+            None,
             &h,
             99,
         );
         assert_eq!(img1[..2], img2[..2], "text before the image is shared");
         assert_ne!(img1.last(), img2.last());
+        // Tools come first: other tools, another prefix from the first chunk; the same tools,
+        // the same prefix.
+        let long = || chat("user", vec![t("hello world, a longer question")]);
+        let a = byte_block_hashes(&long(), Some(r#"[{"a":1}]"#), &h, 99);
+        let b = byte_block_hashes(&long(), Some(r#"[{"b":1}]"#), &h, 99);
+        assert_ne!(a[0], b[0]);
+        assert_eq!(a, byte_block_hashes(&long(), Some(r#"[{"a":1}]"#), &h, 99));
+        assert_ne!(a[0], byte_block_hashes(&long(), None, &h, 99)[0]);
     }
 }

@@ -204,20 +204,25 @@ impl TokenizerRegistry {
                 identity.deferred = deferred;
                 identity
             }
-            Err(reason) => PrefixIdentity {
-                tokens: estimate_tokens(request.prompt.text_bytes()),
-                block_hashes: byte_block_hashes(
-                    &request.prompt,
-                    &BlockHasher::for_byte_chunks(ns, bs),
-                    max_blocks,
-                ),
-                block_size_tokens: bs,
-                exact: false,
-                truncated: false,
-                deadline_cut: false,
-                fallback: Some(reason),
-                deferred: None,
-            },
+            Err(reason) => {
+                let tools = request.chat.tools.as_ref().map(|t| t.to_string());
+                let tools_bytes = tools.as_ref().map_or(0, String::len);
+                PrefixIdentity {
+                    tokens: estimate_tokens(request.prompt.text_bytes() + tools_bytes),
+                    block_hashes: byte_block_hashes(
+                        &request.prompt,
+                        tools.as_deref(),
+                        &BlockHasher::for_byte_chunks(ns, bs),
+                        max_blocks,
+                    ),
+                    block_size_tokens: bs,
+                    exact: false,
+                    truncated: false,
+                    deadline_cut: false,
+                    fallback: Some(reason),
+                    deferred: None,
+                }
+            }
         }
     }
 }
