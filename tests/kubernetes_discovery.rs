@@ -66,6 +66,22 @@ async fn requested(server: &ApiServer, needle: &str, n: usize) -> Vec<String> {
     }
 }
 
+/// The discovery source of the pods labelled `app=qwen3-8b` (port 8000) on `server`, its
+/// registry and what it publishes to (the kubeconfig lives in `dir`).
+fn pods_source(
+    server: &ApiServer,
+    dir: &std::path::Path,
+) -> (Arc<Registry>, Arc<Published>, Arc<KubernetesDiscovery>) {
+    let pool = pool(
+        "label_selector: app=qwen3-8b, port: 8000",
+        &server.kubeconfig(dir),
+    );
+    let reg = Arc::new(Registry::new(&[]));
+    let published = Arc::new(Published::new(reg.clone()));
+    let source = Arc::new(KubernetesDiscovery::new(&pool).unwrap());
+    (reg, published, source)
+}
+
 fn pool(yaml_kubernetes: &str, kubeconfig: &std::path::Path) -> PoolConfig {
     serde_norway::from_str(&format!(
         "{{name: qwen3-8b, models: [qwen3-8b], kubernetes: {{kubeconfig: {}, {yaml_kubernetes}}}}}",
@@ -111,13 +127,7 @@ async fn pods_of_a_label_selector_follow_readiness_deletion_bookmarks_and_410_re
         ],
     );
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(
-        "label_selector: app=qwen3-8b, port: 8000",
-        &server.kubeconfig(dir.path()),
-    );
-    let reg = Arc::new(Registry::new(&[]));
-    let published = Arc::new(Published::new(reg.clone()));
-    let source = Arc::new(KubernetesDiscovery::new(&pool).unwrap());
+    let (reg, published, source) = pods_source(&server, dir.path());
     assert_eq!(source.key(), "kubernetes:qwen3-8b");
     let key = vec![source.key()];
     assert!(!published.all_published(&key), "nothing listed yet");
@@ -337,13 +347,7 @@ async fn a_watch_that_ends_at_once_is_resumed_after_a_growing_backoff() {
         (0..100).map(|_| watch_text("", true)).collect(),
     );
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(
-        "label_selector: app=qwen3-8b, port: 8000",
-        &server.kubeconfig(dir.path()),
-    );
-    let reg = Arc::new(Registry::new(&[]));
-    let published = Arc::new(Published::new(reg.clone()));
-    let source = Arc::new(KubernetesDiscovery::new(&pool).unwrap());
+    let (reg, published, source) = pods_source(&server, dir.path());
     let task = tokio::spawn(source.run(published.clone()));
     requested(&server, "watch=true", 3).await;
     // The second watch waits the first backoff (200 ms), the third the doubled one (400 ms):
