@@ -158,6 +158,12 @@ async fn a_picker_started_with_the_reference_flags_finds_the_pool_and_routes_thr
                 "{port} {service:?} while starting"
             );
         }
+        // The liveness probe's name: alive while unready.
+        assert_eq!(
+            health(port, kvrouter::serve::health::LIVENESS).await,
+            ServingStatus::Serving,
+            "{port} liveness while starting"
+        );
     }
     let client = reqwest::Client::new();
     let readyz = client

@@ -16,6 +16,11 @@ pub const SERVICE_NAMES: [&str; 3] = [
     "envoy.service.ext_proc.v3.ExternalProcessor",
 ];
 
+/// The liveness probe's name: SERVING while the process serves, whatever the pools' state (as
+/// the reference picker's `liveness` service), so a pool that is missing or slow to list makes
+/// kvrouter unready, never restarted in a loop.
+pub const LIVENESS: &str = "liveness";
+
 /// One status for every name, shared by every port it is served on.
 #[derive(Debug, Clone)]
 pub struct Health {
@@ -23,16 +28,21 @@ pub struct Health {
 }
 
 impl Health {
-    /// All names NOT_SERVING.
+    /// All of [`SERVICE_NAMES`] NOT_SERVING; [`LIVENESS`] SERVING.
     pub async fn new() -> Health {
         let health = Health {
             reporter: HealthReporter::new(),
         };
         health.set(false).await;
         health
+            .reporter
+            .set_service_status(LIVENESS, ServingStatus::Serving)
+            .await;
+        health
     }
 
-    /// Sets every name SERVING (`true`) or NOT_SERVING; watchers are notified.
+    /// Sets every name of [`SERVICE_NAMES`] SERVING (`true`) or NOT_SERVING; watchers are
+    /// notified.
     pub async fn set(&self, serving: bool) {
         let status = if serving {
             ServingStatus::Serving
