@@ -172,7 +172,8 @@ pub struct MessageExtra<'a> {
     pub tool_call_id: Option<Cow<'a, str>>,
     /// `name`.
     pub name: Option<Cow<'a, str>>,
-    /// An assistant's `reasoning` (interleaved thinking).
+    /// An assistant's `reasoning` (interleaved thinking), else its deprecated
+    /// `reasoning_content` (vLLM renames it before validating).
     pub reasoning: Option<Cow<'a, str>>,
 }
 
@@ -263,6 +264,7 @@ impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
         let mut role: Option<Cow<'de, str>> = None;
         let mut content: Option<Vec<ContentPart<'de>>> = None;
         let mut extra = MessageExtra::default();
+        let mut reasoning_content = None;
         while let Some(key) = map.next_key::<Text<'de>>()? {
             match key.0.as_ref() {
                 "role" if role.is_some() => return Err(de::Error::duplicate_field("role")),
@@ -282,11 +284,15 @@ impl<'de, 'b> Visitor<'de> for MessageSeed<'b> {
                 "reasoning" => {
                     extra.reasoning = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
                 }
+                "reasoning_content" => {
+                    reasoning_content = map.next_value::<Option<Text<'de>>>()?.map(|t| t.0)
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
+        extra.reasoning = extra.reasoning.or(reasoning_content);
         Ok(ChatMessage {
             role: role.ok_or_else(|| de::Error::missing_field("role"))?,
             content: content.unwrap_or_default(),

@@ -85,7 +85,9 @@ fn chat_template_options_and_message_fields_are_kept_as_sent() {
         "messages":[{"role":"user","content":"hi","name":"ann"},
                     {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}],"reasoning":"r"},
                     {"role":"tool","content":"ok","tool_call_id":"1"},
-                    {"role":"assistant","content":"plain","tool_calls":null}]}"#;
+                    {"role":"assistant","content":"plain","tool_calls":null},
+                    {"role":"assistant","content":"a","reasoning_content":"old"},
+                    {"role":"assistant","content":"a","reasoning":"new","reasoning_content":"old"}]}"#;
     let req = chat(body).unwrap();
     let tools = req.chat.tools.as_ref().expect("tools");
     // Key order as sent (templates print tools with tojson).
@@ -105,7 +107,7 @@ fn chat_template_options_and_message_fields_are_kept_as_sent() {
     let Prompt::Chat(messages) = &req.prompt else {
         panic!("not chat")
     };
-    assert_eq!(messages.len(), 4);
+    assert_eq!(messages.len(), 6);
     assert_eq!(
         messages[0].extra.as_ref().unwrap().name.as_deref(),
         Some("ann")
@@ -118,6 +120,10 @@ fn chat_template_options_and_message_fields_are_kept_as_sent() {
         Some("1")
     );
     assert!(messages[3].extra.is_none(), "null tool_calls is no field");
+    // The deprecated name, as vLLM renames it; `reasoning` wins when both are there.
+    let reasoning = |i: usize| messages[i].extra.as_ref().unwrap().reasoning.as_deref();
+    assert_eq!(reasoning(4), Some("old"));
+    assert_eq!(reasoning(5), Some("new"));
     // Taken leniently: another shape is left out, a repeated key keeps its last value, and
     // booleans are read as pydantic reads them.
     let lenient = chat(
