@@ -154,7 +154,9 @@ fn bench_prefix(c: &mut Criterion) {
             b.iter(|| {
                 let i = next();
                 let m = [message("system", system.clone()), message("user", turn(i))];
-                let tokens = t_warm.tokenize_chat_deferring(&m, None, Some(0.5)).unwrap();
+                let tokens = t_warm
+                    .tokenize_chat_deferring(&m, &Default::default(), None, Some(0.5))
+                    .unwrap();
                 assert!(tokens.deferred.is_some());
                 black_box(tokens.ids.len())
             })
@@ -238,7 +240,7 @@ fn bench_prefix(c: &mut Criterion) {
             b.iter(|| {
                 let m = [message("user", next_turn(next()))];
                 black_box(
-                    t.tokenize_chat_deferring(&m, None, Some(0.5))
+                    t.tokenize_chat_deferring(&m, &Default::default(), None, Some(0.5))
                         .unwrap()
                         .ids
                         .len(),

@@ -135,7 +135,7 @@ impl Pair {
         let parsed = router_request::parse(api, body).expect("the router parses");
         let tokens = match &parsed.prompt {
             RouterPrompt::Chat(messages) => {
-                tokenizer.tokenize_chat_request(messages, &parsed.chat, None, None)
+                tokenizer.tokenize_chat_deferring(messages, &parsed.chat, None, None)
             }
             RouterPrompt::Input(router_request::PromptInput::Text(t)) => tokenizer.tokenize_text(t),
             other => panic!("unexpected prompt {other:?}"),

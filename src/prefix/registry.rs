@@ -174,7 +174,7 @@ impl TokenizerRegistry {
             }
             (_, None) => Err(Fallback::NoTokenizer),
             (Prompt::Chat(messages), Some(t)) => t
-                .tokenize_chat_request(messages, &request.chat, deadline, defer)
+                .tokenize_chat_deferring(messages, &request.chat, deadline, defer)
                 .map_err(Fallback::from),
             (Prompt::Input(PromptInput::Text(text)), Some(t)) => t
                 .tokenize_text_until(text, deadline)

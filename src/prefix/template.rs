@@ -284,22 +284,17 @@ impl ChatTemplate {
     /// tool message's `tool_call_id` (its all-text content as one string), and `name`.
     fn message<'a>(&self, m: &'a ChatMessage<'a>, marker: Option<String>) -> RenderMessage<'a> {
         let role = m.role.as_ref();
-        let all_text = m.content.iter().all(|p| matches!(p, ContentPart::Text(_)));
         // As parts, a tool result of text parts is one string (empty parts kept).
-        let content = if role == "tool" && all_text && marker.is_none() && self.content_as_parts {
+        let tool_text = role == "tool"
+            && self.content_as_parts
+            && marker.is_none()
+            && m.content.iter().all(|p| matches!(p, ContentPart::Text(_)));
+        let content = if tool_text {
             RenderContent::Text(join_text(&m.content, true))
         } else {
             self.content(&m.content, marker)
         };
-        let mut out = RenderMessage {
-            role,
-            content,
-            tool_calls: None,
-            reasoning: None,
-            reasoning_content: None,
-            tool_call_id: None,
-            name: None,
-        };
+        let mut out = RenderMessage::new(role, content);
         if let Some(extra) = &m.extra {
             match role {
                 "assistant" => {
@@ -497,6 +492,21 @@ fn vllm_tools(tools: &serde_json::Value) -> serde_json::Value {
     )
 }
 
+impl<'a> RenderMessage<'a> {
+    /// A message with no fields beside role and content.
+    fn new(role: &'a str, content: RenderContent<'a>) -> Self {
+        RenderMessage {
+            role,
+            content,
+            tool_calls: None,
+            reasoning: None,
+            reasoning_content: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
 /// An assistant's `tool_calls` as vLLM's `_postprocess_messages` leaves them: an empty list is
 /// dropped (the template takes its plain assistant path); each call's `function.arguments`
 /// becomes an object (a JSON string parsed; anything that is not, or does not parse to, an
@@ -564,15 +574,10 @@ fn consolidate_system_messages(messages: Vec<RenderMessage<'_>>) -> Vec<RenderMe
         }
     }
     let mut out = Vec::with_capacity(rest.len() + 1);
-    out.push(RenderMessage {
-        role: "system",
-        content: RenderContent::Text(system.join("\n\n")),
-        tool_calls: None,
-        reasoning: None,
-        reasoning_content: None,
-        tool_call_id: None,
-        name: None,
-    });
+    out.push(RenderMessage::new(
+        "system",
+        RenderContent::Text(system.join("\n\n")),
+    ));
     out.extend(rest);
     out
 }
@@ -797,9 +802,13 @@ mod tests {
     use std::borrow::Cow;
 
     fn msg<'a>(role: &'a str, text: &'a str) -> ChatMessage<'a> {
+        with_parts(role, vec![ContentPart::Text(Cow::Borrowed(text))])
+    }
+
+    fn with_parts<'a>(role: &'a str, content: Vec<ContentPart<'a>>) -> ChatMessage<'a> {
         ChatMessage {
             role: Cow::Borrowed(role),
-            content: vec![ContentPart::Text(Cow::Borrowed(text))],
+            content,
             extra: None,
         }
     }
@@ -892,14 +901,13 @@ mod tests {
         let parts = template(
             "{% for m in messages %}[{{ m.role }}]{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}",
         );
-        let two = ChatMessage {
-            role: Cow::Borrowed("developer"),
-            content: vec![
+        let two = with_parts(
+            "developer",
+            vec![
                 ContentPart::Text(Cow::Borrowed("x")),
                 ContentPart::Text(Cow::Borrowed("y")),
             ],
-            extra: None,
-        };
+        );
         assert_eq!(
             render(&parts, &[msg("user", "hi"), two]),
             "[system]x\ny[user]hi"
@@ -932,15 +940,14 @@ mod tests {
         let parts = template(
             "{% for m in messages %}{% for p in m['content'] %}<{{ p.type }}>{% endfor %}{% endfor %}",
         );
-        let m = ChatMessage {
-            role: Cow::Borrowed("user"),
-            content: vec![
+        let m = with_parts(
+            "user",
+            vec![
                 ContentPart::Text(Cow::Borrowed("a")),
                 ContentPart::Image(7),
                 ContentPart::Text(Cow::Borrowed("b")),
             ],
-            extra: None,
-        };
+        );
         assert_eq!(
             parts.render(std::slice::from_ref(&m)).unwrap(),
             "<text><image><text>"

@@ -339,7 +339,7 @@ impl ModelTokenizer {
         messages: &[ChatMessage<'_>],
         deadline: Option<Instant>,
     ) -> Result<PromptTokens, PrefixError> {
-        self.tokenize_chat_deferring(messages, deadline, None)
+        self.tokenize_chat_deferring(messages, &ChatOptions::default(), deadline, None)
     }
 
     /// [`Self::tokenize_chat_until`] that may leave the new text for later: with
@@ -354,18 +354,10 @@ impl ModelTokenizer {
     /// costs (~2 us a word here), and it can only match an engine's cache if the prefix before
     /// it does. A candidate holding the new text too (a retry, another router's request) is
     /// under-credited by at most its length: the cost of deciding without waiting for it.
+    ///
+    /// `options` are the request's template inputs beside the messages (tools, documents,
+    /// template kwargs, generation prompt), rendered as vLLM renders them.
     pub fn tokenize_chat_deferring(
-        &self,
-        messages: &[ChatMessage<'_>],
-        deadline: Option<Instant>,
-        defer_after: Option<f64>,
-    ) -> Result<PromptTokens, PrefixError> {
-        self.tokenize_chat_request(messages, &ChatOptions::default(), deadline, defer_after)
-    }
-
-    /// [`Self::tokenize_chat_deferring`] with the request's template options (tools,
-    /// documents, template kwargs, generation prompt).
-    pub fn tokenize_chat_request(
         &self,
         messages: &[ChatMessage<'_>],
         options: &ChatOptions,

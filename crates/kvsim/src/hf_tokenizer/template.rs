@@ -103,11 +103,9 @@ impl ChatTemplate {
         if !self.developer_role && messages.iter().any(|m| m.role == "developer") {
             conversation = developer_as_system(conversation);
         }
-        // vLLM 0.32's `build_chat_params` then `merge_kwargs`: the request's kwargs, then
-        // vLLM's own values over them, except those that are None or "auto".
-        // Layers, later over earlier; in each overriding layer None and "auto" do not count:
-        // vLLM's defaults (the request's tools, as its pydantic models dump them), the
-        // request's kwargs, vLLM's values from the request.
+        // vLLM 0.32's layers (`merge_kwargs`), later over earlier, None and "auto" not
+        // counting in an overriding layer: its defaults (the request's tools, as its pydantic
+        // models dump them), the request's kwargs, its own values from the request.
         let mut context = self.base_context.clone();
         context.insert("documents".into(), Value::from(()));
         context.insert(
