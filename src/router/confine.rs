@@ -24,13 +24,23 @@ pub(super) fn confine<'e>(
     ctx: RouteContext<'_>,
 ) -> Result<Vec<&'e Arc<Endpoint>>, RouteError> {
     let before = serving.len();
-    let admitted: Vec<&Arc<Endpoint>> = serving
-        .iter()
-        .copied()
-        .filter(|ep| state.pool_admits(&ep.pool, ctx.tenant))
-        .collect();
+    // Endpoints come grouped by pool and a pool has few names: one map lookup per pool run,
+    // not per endpoint (the lookup hashed the pool's name for each of 256 candidates: 12% of a
+    // decision, `benches/decision.rs`). Filtered in place: no second list.
+    let mut last: Option<(Arc<str>, bool)> = None;
+    let mut known = false;
+    let mut admitted = serving;
+    admitted.retain(|ep| match &last {
+        Some((pool, admits)) if Arc::ptr_eq(pool, &ep.pool) || **pool == *ep.pool => *admits,
+        _ => {
+            let admits = state.pool_admits(&ep.pool, ctx.tenant);
+            known |= admits || state.knows_pool(&ep.pool);
+            last = Some((Arc::clone(&ep.pool), admits));
+            admits
+        }
+    });
     if admitted.is_empty() && before > 0 {
-        if !serving.iter().any(|ep| state.knows_pool(&ep.pool)) {
+        if !known {
             // Only pools a reload added since the request's snapshot: a retry decides under
             // the new config.
             return Err(RouteError::NoEndpoint {

@@ -254,11 +254,19 @@ pub(crate) fn plan(
     let set = tables.registry.snapshot();
     let requested = request.model.as_ref();
 
-    let (kind, serving): (ModelMatch, Vec<usize>) = if requested.is_empty() {
-        (ModelMatch::Base, (0..set.all().len()).collect())
+    let all = set.all();
+    let in_subset_of = |ep: &&Arc<Endpoint>| ctx.subset.is_none_or(|s| s.contains(&ep.address));
+    let (kind, in_subset): (ModelMatch, Vec<&Arc<Endpoint>>) = if requested.is_empty() {
+        let mut in_subset = Vec::with_capacity(all.len());
+        in_subset.extend(all.iter().filter(in_subset_of));
+        (ModelMatch::Base, in_subset)
     } else {
         match set.serving(requested) {
-            Some((kind, ids)) => (kind, ids.to_vec()),
+            Some((kind, ids)) => {
+                let mut in_subset = Vec::with_capacity(ids.len());
+                in_subset.extend(ids.iter().map(|&i| &all[i]).filter(in_subset_of));
+                (kind, in_subset)
+            }
             None => {
                 return Err(RouteError::UnknownModel {
                     model: requested.to_string(),
@@ -266,11 +274,6 @@ pub(crate) fn plan(
             }
         }
     };
-    let in_subset: Vec<&Arc<Endpoint>> = serving
-        .iter()
-        .map(|&i| &set.all()[i])
-        .filter(|ep| ctx.subset.is_none_or(|s| s.contains(&ep.address)))
-        .collect();
     let in_subset = super::confine::confine(state, in_subset, requested, ctx)?;
     let now = tokio::time::Instant::now();
     let stamp = Stamp::of(now);
