@@ -170,6 +170,15 @@ pub struct ObjectiveConfig {
     /// (`No endpoint ... has the labels objective ... requires`), `any` routes over every
     /// endpoint serving the model as if no label were required. Default `reject`.
     pub unmatched: UnmatchedLabels,
+    /// Requests of room that requests of lower priority leave free for this objective while
+    /// the model's queue holds requests (trunk reservation): a queued request of a lower band
+    /// is dispatched only while the candidates have more room than this (summed over the
+    /// objectives above it), so a request of this objective finds an engine with its prefill
+    /// free instead of waiting for one. Not held while nothing waits (a request arriving to an
+    /// empty queue takes any room), and never more than the candidates less one (lower bands
+    /// always keep one engine). The price: lower bands' throughput while the fleet is
+    /// saturated. Default 0 (none).
+    pub reserve_requests: u64,
 }
 
 /// What a request whose objective requires labels no endpoint has gets.
@@ -193,6 +202,16 @@ impl FlowControlConfig {
     pub fn priority_of(&self, objective: Option<&str>) -> i32 {
         self.objective(objective)
             .map_or(self.default_priority, |o| o.priority)
+    }
+
+    /// Requests of room a request of `priority` leaves free: the `reserve_requests` of every
+    /// objective above it.
+    pub fn reserve_below(&self, priority: i32) -> u64 {
+        self.objectives
+            .iter()
+            .filter(|o| o.priority > priority)
+            .map(|o| o.reserve_requests)
+            .fold(0, u64::saturating_add)
     }
 
     /// The ordering of the band of `priority`.

@@ -255,7 +255,10 @@ impl FlowController {
             }
             let state = models.entry(model.to_string()).or_default();
             if state.queue.is_empty() {
-                if let Some(permit) = self.try_reserve(model, state, &config, ask, since, room) {
+                // Higher bands' reserve is held only while requests wait (the fleet is
+                // saturated): with none waiting, a newcomer takes any room there is, so a
+                // reserve costs nothing at low load.
+                if let Some(permit) = self.try_reserve(model, state, &config, ask, 0, since, room) {
                     drop(models);
                     self.metrics
                         .admitted(model, labels.priority, &labels.flow, Duration::ZERO);
@@ -363,23 +366,33 @@ impl FlowController {
         }
     }
 
-    /// A permit for `ask` if `model`'s candidates have room beyond what is reserved (or there
-    /// are no candidates: routing answers the request then); `room`, if the caller just read it.
+    /// A permit for `ask` if `model`'s candidates have room beyond what is reserved and the
+    /// `reserve` higher bands are owed (or there are no candidates: routing answers the request
+    /// then); `room`, if the caller just read it.
+    #[allow(clippy::too_many_arguments)]
     fn try_reserve(
         &self,
         model: &str,
         state: &ModelState,
         config: &FlowControlConfig,
         ask: Ask,
+        reserve: u64,
         since: Instant,
         room: Option<Room>,
     ) -> Option<Permit> {
         let tokens = ask.tokens;
         let room = room.unwrap_or_else(|| self.room.room(model, &config.room, &ask));
         let reserved = &state.reserved;
+        // Higher bands' reserve never takes the last open candidate from this one (an engine
+        // closed by its KV cache or in-flight limit is no engine to keep free).
+        let reserve = reserve.min((room.open as u64).saturating_sub(1));
         if room.candidates > 0
             && (room.free_prefill_tokens <= reserved.tokens.load(Ordering::Relaxed)
-                || room.free_requests <= reserved.requests.load(Ordering::Relaxed))
+                || room.free_requests
+                    <= reserved
+                        .requests
+                        .load(Ordering::Relaxed)
+                        .saturating_add(reserve))
         {
             return None;
         }
@@ -413,8 +426,9 @@ impl FlowController {
                 tokens: head.tokens,
                 ttft_target_ms: head.payload.ttft_target_ms,
             };
+            let reserve = config.reserve_below(head.priority);
             let Some(permit) =
-                self.try_reserve(model, state, config, ask, head.payload.since, None)
+                self.try_reserve(model, state, config, ask, reserve, head.payload.since, None)
             else {
                 return;
             };

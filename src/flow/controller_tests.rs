@@ -15,19 +15,22 @@ impl RoomSource for FakeRoom {
     fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: 1,
+            open: 1,
             free_prefill_tokens: self.0.load(Ordering::Relaxed),
             free_requests: u64::MAX,
         }
     }
 }
 
-/// Room for `0` more requests (tokens unbounded), or no candidate at all when `1` is 0.
-struct FakeSlots(Arc<AtomicU64>, usize);
+/// Room for `0` more requests (tokens unbounded) over `1` candidates, all open, or no
+/// candidate at all when `1` is 0; `2` of them open instead, if set.
+struct FakeSlots(Arc<AtomicU64>, usize, Option<usize>);
 
 impl RoomSource for FakeSlots {
     fn room(&self, _model: &str, _limits: &crate::config::RoomConfig, _ask: &Ask) -> Room {
         Room {
             candidates: self.1,
+            open: self.2.unwrap_or(self.1),
             free_prefill_tokens: u64::MAX,
             free_requests: self.0.load(Ordering::Relaxed),
         }
@@ -315,7 +318,7 @@ async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold()
     };
     let slots = Arc::new(AtomicU64::new(2));
     let c = Arc::new(FlowController::new(
-        Box::new(FakeSlots(Arc::clone(&slots), 1)),
+        Box::new(FakeSlots(Arc::clone(&slots), 1, None)),
         &config,
     ));
     let a = c.admit("m", &labels(0, "a"), 40).await.unwrap();
@@ -331,7 +334,7 @@ async fn request_slots_are_reserved_like_tokens_and_no_candidate_means_no_hold()
     // An unknown model (no candidate): routing answers it at once, the queue holds nothing.
     config.max_queue_requests = 1;
     let none = Arc::new(FlowController::new(
-        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0)),
+        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0, None)),
         &config,
     ));
     for _ in 0..3 {
@@ -348,7 +351,7 @@ async fn model_names_no_candidate_serves_leave_no_state_or_series() {
         ..FlowControlConfig::default()
     };
     let none = Arc::new(FlowController::new(
-        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0)),
+        Box::new(FakeSlots(Arc::new(AtomicU64::new(0)), 0, None)),
         &config,
     ));
     for i in 0..200 {
@@ -504,4 +507,60 @@ async fn a_flow_whose_waiters_expired_is_served_first_when_it_returns() {
     assert_eq!(after_expiry(false).await, vec![2, 3, 0, 1]);
     // Its clients left instead: nothing owed, light comes back level and the slots alternate.
     assert_eq!(after_expiry(true).await, vec![0, 2, 1, 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_requests_wait_lower_bands_leave_a_higher_objectives_reserve_free() {
+    let config: FlowControlConfig = serde_norway::from_str(
+        "{enabled: true, max_wait_ms: 60000, objectives: [\
+         {name: critical, priority: 1, reserve_requests: 1}, \
+         {name: sheddable, priority: -1}]}",
+    )
+    .unwrap();
+    assert_eq!(config.reserve_below(-1), 1);
+    assert_eq!(config.reserve_below(0), 1);
+    assert_eq!(config.reserve_below(1), 0);
+    // Two candidates, room for two requests.
+    let slots = Arc::new(AtomicU64::new(2));
+    let c = Arc::new(FlowController::new(
+        Box::new(FakeSlots(Arc::clone(&slots), 2, None)),
+        &config,
+    ));
+    // Nothing waits: the reserve is not held, both go at once.
+    let first = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
+    let second = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
+    assert_eq!(second.waited, Duration::ZERO);
+    let third = spawn_admit(&c, labels(-1, "a"), 40);
+    let unmarked = spawn_admit(&c, labels(0, "b"), 40);
+    until(|| queued(&c) == 2).await;
+    // Room for one again, but requests wait: it is the reserve's, nobody below takes it...
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(queued(&c), 2);
+    // ...a critical one takes it at once, past them.
+    let critical = c.admit("m", &labels(1, "c"), 40).await.unwrap();
+    assert_eq!(queued(&c), 2);
+    drop(critical);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(queued(&c), 2);
+    // Room for two: one below the reserve, the higher band first.
+    drop(second);
+    let unmarked = unmarked.await.unwrap().unwrap();
+    assert_eq!(queued(&c), 1);
+    drop(unmarked);
+    drop(third.await.unwrap().unwrap());
+
+    // One candidate, or two of which one is closed (its KV cache full): the reserve would take
+    // the only engine from every lower band; it is not held.
+    for (candidates, open) in [(1, None), (2, Some(1))] {
+        let alone = Arc::new(FlowController::new(
+            Box::new(FakeSlots(Arc::new(AtomicU64::new(1)), candidates, open)),
+            &config,
+        ));
+        let held = alone.admit("m", &labels(-1, "a"), 40).await.unwrap();
+        let next = spawn_admit(&alone, labels(-1, "a"), 40);
+        until(|| queued(&alone) == 1).await;
+        drop(held);
+        drop(next.await.unwrap().unwrap());
+    }
 }

@@ -54,6 +54,10 @@ pub struct Room {
     /// Healthy, non-draining endpoints serving the model. With none, the queue does not hold
     /// requests: routing answers them (404 or 503) at once.
     pub candidates: usize,
+    /// Candidates with room now or a prompt in prefill (whose room comes back when it is
+    /// done): not closed by their KV-cache usage or in-flight limits alone. Higher bands'
+    /// reserve never takes the last of these from a lower band.
+    pub open: usize,
     /// Prompt tokens the candidates with room can still take before reaching
     /// `room.max_prefill_tokens` (0 for a candidate over any threshold), summed.
     pub free_prefill_tokens: u64,

@@ -53,6 +53,9 @@ impl RoomSource for TablesRoom {
             if requests > 0 {
                 room.free_prefill_tokens += tokens;
                 room.free_requests += requests;
+                room.open += 1;
+            } else if ep.load.snapshot().in_flight_prefilling > 0 {
+                room.open += 1;
             }
         }
         room

@@ -144,6 +144,38 @@ async fn thresholds_bound_both_modes() {
     assert_eq!(room.room("nope", &tight, &PROMPT), Room::default());
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_engine_closed_by_its_kv_cache_is_not_open_and_one_prefilling_is() {
+    let r = router("");
+    let room = room_of(&r);
+    let all = room.room("m", &limits(RoomMode::Predicted), &PROMPT);
+    assert_eq!((all.candidates, all.open, all.free_requests), (2, 2, 2));
+    // Engine 0 full of decodes (KV cache at 96%, nothing in prefill): a candidate, not open.
+    endpoint(&r, 0)
+        .load
+        .engine
+        .store(crate::load::EngineSample {
+            waiting_requests: 0,
+            running_requests: 40,
+            kv_cache_usage: 0.96,
+            capacity_tokens: None,
+            block_size_tokens: None,
+            lora: None,
+            cpu_offload_bytes: None,
+            cpu_loaded: None,
+            scraped_at: Instant::now(),
+        });
+    let closed = room.room("m", &limits(RoomMode::Predicted), &PROMPT);
+    assert_eq!(
+        (closed.candidates, closed.open, closed.free_requests),
+        (2, 1, 1)
+    );
+    // Engine 1 prefilling one prompt: no room now, but open (its room comes back).
+    let _prefilling = endpoint(&r, 1).load.begin(2000);
+    let busy = room.room("m", &limits(RoomMode::Predicted), &PROMPT);
+    assert_eq!((busy.candidates, busy.open, busy.free_requests), (2, 1, 0));
+}
+
 /// One routed request in a fake engine's queue.
 struct Job {
     arrived: Instant,
