@@ -163,6 +163,17 @@ mod tests {
             c.feed(piece);
         }
         assert_eq!(c.out, vec![first, second]);
+        // Chunks past 240 bytes take xxh3's long-input path (64-token blocks: 256 bytes).
+        let h = BlockHasher::for_byte_chunks(&ns, 64);
+        let long: String = (0..600)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let first = streamed(h.root(), &long.as_bytes()[..256]);
+        let second = streamed(first, &long.as_bytes()[256..512]);
+        assert_eq!(
+            byte_block_hashes(&text(&long), None, &h, usize::MAX),
+            vec![first, second]
+        );
     }
 
     #[test]
