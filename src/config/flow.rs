@@ -175,7 +175,8 @@ pub struct ObjectiveConfig {
     /// is dispatched only while the candidates have more room than this (summed over the
     /// objectives above it), so a request of this objective finds an engine with its prefill
     /// free instead of waiting for one. Not held while nothing waits (a request arriving to an
-    /// empty queue takes any room), and never more than the candidates less one (lower bands
+    /// empty queue takes any room), nor for a model where no request of this objective came
+    /// in the last minute, and never more than the open candidates less one (lower bands
     /// always keep one engine). The price: lower bands' throughput while the fleet is
     /// saturated. Default 0 (none).
     pub reserve_requests: u64,
@@ -205,11 +206,11 @@ impl FlowControlConfig {
     }
 
     /// Requests of room a request of `priority` leaves free: the `reserve_requests` of every
-    /// objective above it.
-    pub fn reserve_below(&self, priority: i32) -> u64 {
+    /// objective above it whose priority is `active` (its requests are coming).
+    pub fn reserve_below(&self, priority: i32, active: impl Fn(i32) -> bool) -> u64 {
         self.objectives
             .iter()
-            .filter(|o| o.priority > priority)
+            .filter(|o| o.priority > priority && o.reserve_requests > 0 && active(o.priority))
             .map(|o| o.reserve_requests)
             .fold(0, u64::saturating_add)
     }

@@ -46,6 +46,24 @@ impl Reserved {
 struct ModelState {
     queue: ModelQueue<Waiter>,
     reserved: Arc<Reserved>,
+    /// When a request of each priority last arrived for this model: an objective's reserve is
+    /// held only while its requests come ([`RESERVE_MEMORY`]). One entry per priority band.
+    seen: HashMap<i32, Instant>,
+}
+
+/// How long after a request of an objective last arrived for a model its reserve is still held
+/// there: a model (or a spell) without requests of that objective leaves its room to the others.
+const RESERVE_MEMORY: Duration = Duration::from_secs(60);
+
+impl ModelState {
+    /// Requests of room a queued request of `priority` leaves to the objectives above it.
+    fn reserve_below(&self, config: &FlowControlConfig, priority: i32, now: Instant) -> u64 {
+        config.reserve_below(priority, |p| {
+            self.seen
+                .get(&p)
+                .is_some_and(|&at| now.saturating_duration_since(at) <= RESERVE_MEMORY)
+        })
+    }
 }
 
 /// Admission for every model: holds requests while their candidates have no room.
@@ -254,6 +272,7 @@ impl FlowController {
                 room = Some(now);
             }
             let state = models.entry(model.to_string()).or_default();
+            state.seen.insert(labels.priority, since);
             if state.queue.is_empty() {
                 // Higher bands' reserve is held only while requests wait (the fleet is
                 // saturated): with none waiting, a newcomer takes any room there is, so a
@@ -426,7 +445,7 @@ impl FlowController {
                 tokens: head.tokens,
                 ttft_target_ms: head.payload.ttft_target_ms,
             };
-            let reserve = config.reserve_below(head.priority);
+            let reserve = state.reserve_below(config, head.priority, Instant::now());
             let Some(permit) =
                 self.try_reserve(model, state, config, ask, reserve, head.payload.since, None)
             else {

@@ -512,21 +512,32 @@ async fn a_flow_whose_waiters_expired_is_served_first_when_it_returns() {
 #[tokio::test(start_paused = true)]
 async fn while_requests_wait_lower_bands_leave_a_higher_objectives_reserve_free() {
     let config: FlowControlConfig = serde_norway::from_str(
-        "{enabled: true, max_wait_ms: 60000, objectives: [\
+        "{enabled: true, max_wait_ms: 600000, objectives: [\
          {name: critical, priority: 1, reserve_requests: 1}, \
          {name: sheddable, priority: -1}]}",
     )
     .unwrap();
-    assert_eq!(config.reserve_below(-1), 1);
-    assert_eq!(config.reserve_below(0), 1);
-    assert_eq!(config.reserve_below(1), 0);
+    assert_eq!(config.reserve_below(-1, |_| true), 1);
+    assert_eq!(config.reserve_below(0, |_| true), 1);
+    assert_eq!(config.reserve_below(1, |_| true), 0);
+    assert_eq!(config.reserve_below(-1, |p| p != 1), 0);
     // Two candidates, room for two requests.
     let slots = Arc::new(AtomicU64::new(2));
     let c = Arc::new(FlowController::new(
         Box::new(FakeSlots(Arc::clone(&slots), 2, None)),
         &config,
     ));
-    // Nothing waits: the reserve is not held, both go at once.
+    // No critical request has come for the model: nothing is held for it.
+    let first = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
+    let second = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
+    let third = spawn_admit(&c, labels(-1, "a"), 40);
+    until(|| queued(&c) == 1).await;
+    drop(first);
+    let third = third.await.unwrap().unwrap();
+    drop((second, third));
+    // A critical request comes: from now on its reserve is held while requests wait.
+    drop(c.admit("m", &labels(1, "c"), 40).await.unwrap());
+    // Nothing waits: both go at once.
     let first = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
     let second = c.admit("m", &labels(-1, "a"), 40).await.unwrap();
     assert_eq!(second.waited, Duration::ZERO);
@@ -543,11 +554,11 @@ async fn while_requests_wait_lower_bands_leave_a_higher_objectives_reserve_free(
     drop(critical);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(queued(&c), 2);
-    // Room for two: one below the reserve, the higher band first.
-    drop(second);
+    // A minute without a critical request: the reserve is let go, the higher band first.
     let unmarked = unmarked.await.unwrap().unwrap();
+    assert!(unmarked.waited > Duration::from_secs(60));
     assert_eq!(queued(&c), 1);
-    drop(unmarked);
+    drop((unmarked, second));
     drop(third.await.unwrap().unwrap());
 
     // One candidate, or two of which one is closed (its KV cache full): the reserve would take
@@ -557,10 +568,12 @@ async fn while_requests_wait_lower_bands_leave_a_higher_objectives_reserve_free(
             Box::new(FakeSlots(Arc::new(AtomicU64::new(1)), candidates, open)),
             &config,
         ));
+        drop(alone.admit("m", &labels(1, "c"), 40).await.unwrap());
         let held = alone.admit("m", &labels(-1, "a"), 40).await.unwrap();
         let next = spawn_admit(&alone, labels(-1, "a"), 40);
         until(|| queued(&alone) == 1).await;
         drop(held);
-        drop(next.await.unwrap().unwrap());
+        let next = next.await.unwrap().unwrap();
+        assert!(next.waited < Duration::from_secs(1));
     }
 }
