@@ -209,13 +209,15 @@ impl ChatTemplate {
             .enumerate()
             .map(|(i, m)| self.message(m, marker(i)))
             .collect();
-        if !self.developer_role && messages.iter().any(|m| m.role == "developer") {
-            for m in &mut messages {
-                if m.role == "developer" {
-                    m.role = "system";
-                }
+        if !self.developer_role {
+            let mut renamed = false;
+            for m in messages.iter_mut().filter(|m| m.role == "developer") {
+                m.role = "system";
+                renamed = true;
             }
-            messages = consolidate_system_messages(messages);
+            if renamed {
+                messages = consolidate_system_messages(messages);
+            }
         }
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let mut out = CappedWriter {
@@ -474,7 +476,9 @@ fn vllm_tools(tools: &serde_json::Value) -> serde_json::Value {
                 if let Some(strict) = set(function.get("strict")) {
                     f.insert("strict".into(), strict);
                 }
-                if let Some(defer) = set(function.get("defer_loading")).or(tool_defer.clone()) {
+                if let Some(defer) =
+                    set(function.get("defer_loading")).or_else(|| tool_defer.clone())
+                {
                     f.insert("defer_loading".into(), defer);
                 }
                 let mut out = Map::new();
@@ -525,7 +529,7 @@ fn template_tool_calls(calls: &serde_json::Value) -> Option<serde_json::Value> {
             continue;
         };
         let arguments = match function.get("arguments") {
-            Some(J::Object(o)) => J::Object(o.clone()),
+            Some(J::Object(_)) => continue,
             Some(J::String(s)) => match serde_json::from_str::<J>(s) {
                 Ok(J::Object(o)) => J::Object(o),
                 _ => J::Object(serde_json::Map::new()),
@@ -541,14 +545,15 @@ fn template_tool_calls(calls: &serde_json::Value) -> Option<serde_json::Value> {
 /// system message is not first, or there are several, their texts (a message's text parts joined
 /// with "\n", empty ones left out) become one system message, first, joined with "\n\n".
 fn consolidate_system_messages(messages: Vec<RenderMessage<'_>>) -> Vec<RenderMessage<'_>> {
-    let needs = messages
+    let mut systems = messages
         .iter()
         .enumerate()
         .filter(|(_, m)| m.role == "system")
-        .map(|(i, _)| i)
-        .take(2)
-        .collect::<Vec<_>>();
-    if needs.is_empty() || needs == [0] {
+        .map(|(i, _)| i);
+    if matches!(
+        (systems.next(), systems.next()),
+        (None, _) | (Some(0), None)
+    ) {
         return messages;
     }
     let mut system = Vec::new();

@@ -390,7 +390,7 @@ mod tests {
             &opts,
         );
         assert_eq!(out.text, "off>");
-        // tools and documents as sent; reasoning_effort sets enable_thinking.
+        // tools in vLLM's shape, documents as sent; reasoning_effort sets enable_thinking.
         let mut opts = options();
         opts.tools = Some(serde_json::json!([{"type": "function", "function": {"name": "f"}}]));
         opts.documents = Some(serde_json::json!([{"text": "d"}]));
