@@ -146,13 +146,22 @@ impl EndpointSet {
             .get_key_value(STATIC_SOURCE)
             .into_iter()
             .chain(slots.iter().filter(|(k, _)| k.as_str() != STATIC_SOURCE));
+        // One `Arc<str>` per pool name, shared by its endpoints: a decision compares a
+        // candidate's pool with the previous one's by pointer first (`router::confine`), and
+        // separate copies made that a string compare per candidate.
+        let mut pools: HashMap<&str, Arc<str>> = HashMap::new();
         for (source, specs) in ordered {
             let source: Arc<str> = source.as_str().into();
             for spec in specs {
                 if set.by_address.contains_key(&spec.address) {
                     continue;
                 }
-                set.push(spec, &source, previous, interner);
+                let pool = Arc::clone(
+                    pools
+                        .entry(spec.pool.as_str())
+                        .or_insert_with(|| spec.pool.as_str().into()),
+                );
+                set.push(spec, pool, &source, previous, interner);
             }
         }
         set
@@ -161,6 +170,7 @@ impl EndpointSet {
     fn push(
         &mut self,
         spec: &ResolvedEndpoint,
+        pool: Arc<str>,
         source: &Arc<str>,
         previous: &EndpointSet,
         interner: &EndpointInterner,
@@ -177,7 +187,7 @@ impl EndpointSet {
                 id: id_lease.id(),
                 id_lease,
                 address_str: spec.address.to_string().into(),
-                pool: spec.pool.as_str().into(),
+                pool,
                 models: spec.models.clone(),
                 adapters: spec.adapters.clone(),
                 weight: spec.weight,
@@ -336,6 +346,26 @@ mod tests {
         );
         assert_eq!(set.serving("zzz"), None);
         assert_eq!(set.model_names(), vec!["a", "b", "lora1"]);
+    }
+
+    #[test]
+    fn a_pools_endpoints_share_its_name_across_sources() {
+        // A decision compares candidates' pools by pointer first (`router::confine`).
+        let mut other = spec(3, &["a"], &[]);
+        other.pool = "q".to_string();
+        let reg = Registry::new(&[spec(1, &["a"], &[]), other]);
+        reg.publish_source("dns:x", vec![spec(2, &["a"], &[])]);
+        let set = reg.snapshot();
+        let pool = |port| {
+            Arc::clone(
+                &set.get(&SocketAddr::from(([127, 0, 0, 1], port)))
+                    .unwrap()
+                    .pool,
+            )
+        };
+        assert!(Arc::ptr_eq(&pool(1), &pool(2)), "one name for pool p");
+        assert_eq!((&*pool(1), &*pool(3)), ("p", "q"));
+        assert!(!Arc::ptr_eq(&pool(1), &pool(3)));
     }
 
     #[test]

@@ -408,7 +408,16 @@ pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Eligibl
     if !mask.contains(&true) {
         mask.iter_mut().for_each(|m| *m = true);
     }
-    let (kept, excluded) = (0..n).partition(|&i| mask[i]);
+    // Sized once (a partition grew both lists by doubling).
+    let kept_n = mask.iter().filter(|&&m| m).count();
+    let (mut kept, mut excluded) = (Vec::with_capacity(kept_n), Vec::with_capacity(n - kept_n));
+    for (i, &m) in mask.iter().enumerate() {
+        if m {
+            kept.push(i);
+        } else {
+            excluded.push(i);
+        }
+    }
     Eligible {
         kept,
         excluded,

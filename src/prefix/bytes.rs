@@ -59,12 +59,18 @@ pub(crate) fn byte_block_hashes(
     hasher: &BlockHasher,
     max_blocks: usize,
 ) -> Vec<u64> {
+    let chunk_bytes = hasher.block_size_tokens() as usize * BYTES_PER_TOKEN_ESTIMATE;
+    // Sized once: growing both by doubling was a dozen reallocations a decision. The text's
+    // bytes bound the chunks (roles and separators add a few bytes a message).
+    let fed = prompt.text_bytes() + tools.map_or(0, str::len);
+    let mut chunk = Vec::with_capacity(PARENT_BYTES + chunk_bytes);
+    chunk.resize(PARENT_BYTES, 0);
     let mut c = Chunker {
-        chunk: vec![0; PARENT_BYTES],
-        chunk_bytes: hasher.block_size_tokens() as usize * BYTES_PER_TOKEN_ESTIMATE,
+        chunk,
+        chunk_bytes,
         parent: hasher.root(),
         max_blocks,
-        out: Vec::new(),
+        out: Vec::with_capacity((fed / chunk_bytes.max(1) + 1).min(max_blocks)),
     };
     match prompt {
         Prompt::Chat(messages) => {
