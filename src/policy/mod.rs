@@ -290,8 +290,7 @@ pub(crate) fn order_by(
     // group reaching past them is completed below from the unsorted rest.
     let partial = top < keyed.len();
     if partial {
-        keyed.select_nth_unstable(top - 1);
-        keyed[..top].sort_unstable();
+        smallest_first(&mut keyed, top);
     } else {
         keyed.sort_unstable();
     }
@@ -365,6 +364,29 @@ pub(crate) fn order_by(
     out
 }
 
+/// Moves the `top` (>= 1) smallest of `v` (distinct values) to its front, sorted; the rest
+/// follow in no particular order. A decision wants a pick and a few fallbacks: for those an
+/// insertion pass (one compare per value, mostly) beats a selection (a third of ordering
+/// 256 candidates).
+fn smallest_first(v: &mut [u128], top: usize) {
+    if top > 8 {
+        v.select_nth_unstable(top - 1);
+        v[..top].sort_unstable();
+        return;
+    }
+    v[..top].sort_unstable();
+    for j in top..v.len() {
+        if v[j] < v[top - 1] {
+            v.swap(j, top - 1);
+            let mut i = top - 1;
+            while i > 0 && v[i] < v[i - 1] {
+                v.swap(i, i - 1);
+                i -= 1;
+            }
+        }
+    }
+}
+
 /// Sorts `v` (distinct values), in one pass if it is a sorted run rotated: a group of equal
 /// tie-breakers in index order comes so, the rotating offset being the only break.
 fn sort_rotated(v: &mut [u128]) {
@@ -404,19 +426,21 @@ pub(crate) struct Eligible {
 
 /// Splits `0..n` by `keep` (see [`Eligible`]).
 pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Eligible {
-    let mut mask: Vec<bool> = (0..n).map(keep).collect();
-    if !mask.contains(&true) {
-        mask.iter_mut().for_each(|m| *m = true);
-    }
-    // Sized once (a partition grew both lists by doubling).
-    let kept_n = mask.iter().filter(|&&m| m).count();
-    let (mut kept, mut excluded) = (Vec::with_capacity(kept_n), Vec::with_capacity(n - kept_n));
-    for (i, &m) in mask.iter().enumerate() {
-        if m {
+    // One pass, each list sized for all (a partition grew both by doubling).
+    let (mut mask, mut kept, mut excluded) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    for i in 0..n {
+        let k = keep(i);
+        mask.push(k);
+        if k {
             kept.push(i);
         } else {
             excluded.push(i);
         }
+    }
+    if kept.is_empty() {
+        mask.iter_mut().for_each(|m| *m = true);
+        std::mem::swap(&mut kept, &mut excluded);
     }
     Eligible {
         kept,

@@ -24,21 +24,32 @@ pub(super) fn confine<'e>(
     ctx: RouteContext<'_>,
 ) -> Result<Vec<&'e Arc<Endpoint>>, RouteError> {
     let before = serving.len();
-    // Endpoints come grouped by pool and a pool has few names: one map lookup per pool run,
-    // not per endpoint (the lookup hashed the pool's name for each of 256 candidates: 12% of a
-    // decision, `benches/decision.rs`). Filtered in place: no second list.
-    let mut last: Option<(Arc<str>, bool)> = None;
-    let mut known = false;
+    // Endpoints come grouped by pool, a pool's endpoints share its name's `Arc` (`discovery`)
+    // and a pool has few names: one map lookup per run of one pool, not per endpoint (the
+    // lookup hashed the pool's name for each of 256 candidates: 12% of a decision,
+    // `benches/decision.rs`), and the list is left as it is when every run is admitted (the
+    // common case: a pointer compare per endpoint). Runs refused are cut out in place.
     let mut admitted = serving;
-    admitted.retain(|ep| match &last {
-        Some((pool, admits)) if Arc::ptr_eq(pool, &ep.pool) || **pool == *ep.pool => *admits,
-        _ => {
-            let admits = state.pool_admits(&ep.pool, ctx.tenant);
-            known |= admits || state.knows_pool(&ep.pool);
-            last = Some((Arc::clone(&ep.pool), admits));
-            admits
+    let (mut known, mut kept, mut start) = (false, 0, 0);
+    while start < admitted.len() {
+        let first: &'e Arc<Endpoint> = admitted[start];
+        let pool = &first.pool;
+        let end = start
+            + admitted[start..]
+                .iter()
+                .position(|ep| !Arc::ptr_eq(&ep.pool, pool) && *ep.pool != **pool)
+                .unwrap_or(admitted.len() - start);
+        let admits = state.pool_admits(pool, ctx.tenant);
+        known |= admits || state.knows_pool(pool);
+        if admits {
+            if kept != start {
+                admitted.copy_within(start..end, kept);
+            }
+            kept += end - start;
         }
-    });
+        start = end;
+    }
+    admitted.truncate(kept);
     if admitted.is_empty() && before > 0 {
         if !known {
             // Only pools a reload added since the request's snapshot: a retry decides under
