@@ -168,7 +168,16 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(args) => {
-            let runtime = match tokio::runtime::Runtime::new() {
+            // Every thread of the runtime (async workers, the blocking pool that tokenizes)
+            // asks for the short slice as it starts (`sched`).
+            crate::sched::set_slice_us(args.sched_slice_us);
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .on_thread_start(|| {
+                    crate::sched::request_thread();
+                })
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("kvrouter: cannot start the async runtime: {e}");

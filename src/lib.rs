@@ -7,6 +7,8 @@
 //!
 //! - [`budget`]: the process-wide byte budgets (buffered request bodies, work queued after
 //!   decisions): one share per holder, given back when dropped.
+//! - [`sched`]: scheduler hints for kvrouter's own threads (a short slice, nice 19 for the
+//!   heavy lane).
 //! - [`config`]: the YAML schema, defaults, validation with field paths, hot reload.
 //! - [`request`]: OpenAI body parsing (completions, chat, embeddings) with typed errors.
 //! - [`envoyconf`]: renders the Envoy configs that attach kvrouter, and the EDS file it keeps.
@@ -67,6 +69,7 @@ pub mod policy;
 pub mod prefix;
 pub mod request;
 pub mod router;
+pub mod sched;
 pub mod serve;
 pub mod sharing;
 pub mod telemetry;

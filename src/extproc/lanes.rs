@@ -6,8 +6,9 @@
 //! per request). Longer bodies take the **heavy** lane: half the cores' worth (at least one) of
 //! dedicated threads at nice 19 (the lowest priority of the normal class). So a flood of
 //! worst-case bodies (10k-message conversations, near-limit sizes) queues behind itself, and
-//! runs on the CPU time that light decisions and the async workers leave: the scheduler
-//! preempts a heavy decision as soon as a light one is runnable. With one shared semaphore
+//! runs on the CPU time that light decisions and the async workers leave: with kvrouter's short
+//! scheduler slice ([`crate::sched`]) the kernel preempts a heavy decision as soon as a light
+//! one is runnable (without it, Linux 6.6+ let the heavy thread finish its 1.4 ms slice first). With one shared semaphore
 //! (before), 8 such bodies in flight took a normal chat's decision p99 from ~2 ms to ~0.7-1.3
 //! s; numbers and command in docs/security.md (`cargo bench --bench flood`).
 //!
@@ -177,26 +178,17 @@ fn heavy_threads(n: usize) -> Arc<HeavyQueue> {
     queue
 }
 
-/// Moves the calling thread to nice 19. Whether it worked.
+/// Moves the calling thread to nice 19 with kvrouter's short slice ([`crate::sched`]).
+/// Whether it worked.
 ///
 /// Not Linux's idle class (`SCHED_IDLE`, used until 2026-12-02): its CFS weight is 3 against
 /// nice 19's 15, so on a host saturated by other work (a loaded CI machine, a busy node) the
 /// heavy lane got 5x less CPU, and its bodies outlived Envoy's and clients' timeouts sooner.
-/// Nice 19 protects normal decisions as well: on the flood bench a tie or better (3.54x [2.18,
-/// 4.66] flooded / unloaded p99 against 5.40x [4.28, 6.20], docs/security.md).
-#[cfg(target_os = "linux")]
+/// Nice 19 alone did not make the lane yield at once (the scheduler lets a running thread
+/// finish its slice): the short slice, asked by this lane and by the request-path threads
+/// alike, is what does (docs/security.md).
 fn lower_priority() -> bool {
-    // SAFETY: gettid takes no arguments; setpriority on the calling thread's own id only
-    // raises its nice value, which any thread may do.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_priority() -> bool {
-    false
+    crate::sched::lowest_priority_thread()
 }
 
 /// Runs `job` in `lane`; `None` if it could not run to the end (it panicked, or the runtime
@@ -312,20 +304,25 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn heavy_threads_run_at_the_lowest_priority() {
-        let (policy, nice) = run(heavy(), || {
+        let (policy, nice, slice) = run(heavy(), || {
             // SAFETY: pid 0 is the calling thread; getpriority on its own id as in
             // `lower_priority`.
-            unsafe {
+            let (policy, nice) = unsafe {
                 let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
                 (
                     libc::sched_getscheduler(0),
                     libc::getpriority(libc::PRIO_PROCESS, tid),
                 )
-            }
+            };
+            (policy, nice, crate::sched::thread_slice_ns())
         })
         .await
         .unwrap();
         // The normal class at nice 19: not the idle class, whose share starves under load.
         assert_eq!((policy, nice), (libc::SCHED_OTHER, 19));
+        // With the short slice, so a waking decision preempts it at once (Linux 6.12+).
+        if crate::sched::custom_slices() {
+            assert_eq!(slice, Some(crate::sched::slice_us() * 1000));
+        }
     }
 }

@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// Overrides `server.health_listen`.
     #[arg(long, conflicts_with = "grpc_health_port")]
     pub health_listen: Option<SocketAddr>,
+    /// The scheduler slice kvrouter's threads ask for, microseconds (Linux 6.12+; 100 is the
+    /// shortest it takes): a request's thread then runs as soon as it wakes instead of after a
+    /// running lower-priority thread's slice (docs/security.md). 0 leaves the kernel's.
+    #[arg(long, env = "KVROUTER_SCHED_SLICE_US", default_value_t = crate::sched::DEFAULT_SLICE_US)]
+    pub sched_slice_us: u64,
     /// The reference endpoint picker's flags.
     #[command(flatten)]
     pub picker: picker::PickerFlags,
@@ -105,6 +110,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Logs, and the decision spans' exporter when `tracing.enabled` (needs the runtime).
     let otel = crate::otel::init_subscriber(config.server.log_format, &config.tracing)?;
+    if crate::sched::refused() {
+        tracing::warn!(
+            slice_us = crate::sched::slice_us(),
+            "the kernel refused a short scheduler slice for kvrouter's threads (sched_setattr): \
+             heavy work may delay decisions by up to the kernel's slice"
+        );
+    }
     let base_dir = args
         .config
         .parent()
@@ -229,6 +241,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             grpc_listen: args.grpc_listen,
             admin_listen: args.admin_listen,
             health_listen: args.health_listen,
+            sched_slice_us: args.sched_slice_us,
             picker: args.picker.clone(),
         };
         let router = Arc::clone(&router);
