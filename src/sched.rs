@@ -44,9 +44,15 @@ pub fn slice_us() -> u64 {
 /// Asks for the configured slice for the calling thread, keeping its nice value. Whether the
 /// kernel took the call (true also when no slice is configured).
 pub fn request_thread() -> bool {
-    let ok = match slice_us() {
-        0 => true,
-        us => set_thread(current_nice(), us),
+    if slice_us() == 0 || !cfg!(target_os = "linux") {
+        return true;
+    }
+    // Only a thread in the normal or batch class, whose nice value could be read: a thread
+    // started real-time, idle or deadline (`chrt`, systemd's `CPUSchedulingPolicy=`) is left
+    // in its class.
+    let ok = match (current_policy(), current_nice()) {
+        (Some(policy), Some(nice)) => set_thread(policy, nice, slice_us()),
+        _ => true,
     };
     if !ok {
         REFUSED.store(true, Ordering::Relaxed);
@@ -57,29 +63,35 @@ pub fn request_thread() -> bool {
 /// Moves the calling thread to nice 19 with the configured slice (the heavy lane). Whether
 /// the nice value was taken.
 pub fn lowest_priority_thread() -> bool {
-    match slice_us() {
-        0 => set_nice(19),
+    match (slice_us(), current_policy()) {
         // One call for both; if the kernel refuses `sched_setattr` (a seccomp filter), nice 19
         // alone still keeps heavy work behind normal decisions.
-        us => set_thread(19, us) || set_nice(19),
+        (us, Some(policy)) if us > 0 => set_thread(policy, 19, us) || set_nice(19),
+        _ => set_nice(19),
     }
 }
 
-/// The calling thread's nice value.
+/// The calling thread's nice value, if it can be read.
 #[cfg(target_os = "linux")]
-fn current_nice() -> i32 {
+fn current_nice() -> Option<i32> {
     // SAFETY: gettid takes no arguments; getpriority reads the calling thread's own value
     // (its -1 is a valid nice value, so errno is cleared first and checked after).
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         *libc::__errno_location() = 0;
         let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
-        if nice == -1 && *libc::__errno_location() != 0 {
-            0
-        } else {
-            nice
-        }
+        (nice != -1 || *libc::__errno_location() == 0).then_some(nice)
     }
+}
+
+/// The calling thread's class when it is the normal or the batch one (with its reset-on-fork
+/// bit), else `None`: real-time, deadline and idle threads are not given a slice.
+#[cfg(target_os = "linux")]
+fn current_policy() -> Option<i32> {
+    // SAFETY: pid 0 is the calling thread.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    let class = policy & !libc::SCHED_RESET_ON_FORK;
+    (policy >= 0 && (class == libc::SCHED_OTHER || class == libc::SCHED_BATCH)).then_some(policy)
 }
 
 #[cfg(target_os = "linux")]
@@ -106,13 +118,20 @@ struct SchedAttr {
     period_ns: u64,
 }
 
-/// The calling thread in the normal class at `nice` with a `us` slice.
+/// The calling thread in `policy` (as [`current_policy`] read it: its class and its
+/// reset-on-fork bit, both kept) at `nice` with a `us` slice.
 #[cfg(target_os = "linux")]
-fn set_thread(nice: i32, us: u64) -> bool {
+fn set_thread(policy: i32, nice: i32, us: u64) -> bool {
+    /// `SCHED_FLAG_RESET_ON_FORK` of `sched_setattr(2)`.
+    const RESET_ON_FORK: u64 = 0x01;
     let attr = SchedAttr {
         size: std::mem::size_of::<SchedAttr>() as u32,
-        policy: libc::SCHED_OTHER as u32,
-        flags: 0,
+        policy: (policy & !libc::SCHED_RESET_ON_FORK) as u32,
+        flags: if policy & libc::SCHED_RESET_ON_FORK != 0 {
+            RESET_ON_FORK
+        } else {
+            0
+        },
         nice,
         priority: 0,
         runtime_ns: us.saturating_mul(1000),
@@ -121,12 +140,24 @@ fn set_thread(nice: i32, us: u64) -> bool {
     };
     // SAFETY: pid 0 is the calling thread; `attr` is a valid, initialised `sched_attr` of the
     // size it states, alive for the call.
-    unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) == 0 }
+    unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            0 as libc::pid_t,
+            &attr as *const SchedAttr,
+            0 as libc::c_uint,
+        ) == 0
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn current_nice() -> i32 {
-    0
+fn current_nice() -> Option<i32> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+fn current_policy() -> Option<i32> {
+    None
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -135,7 +166,7 @@ fn set_nice(_nice: i32) -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_thread(_nice: i32, _us: u64) -> bool {
+fn set_thread(_policy: i32, _nice: i32, _us: u64) -> bool {
     false
 }
 
@@ -168,10 +199,12 @@ mod tests {
     #[test]
     fn a_request_thread_asks_for_the_short_slice_and_keeps_its_nice_value() {
         std::thread::spawn(|| {
-            assert!(set_nice(3), "raising a thread's own nice value is allowed");
+            // One above what the test runs at: raising a thread's own nice value is allowed.
+            let nice = (current_nice().unwrap() + 1).min(19);
+            assert!(set_nice(nice));
             let before = thread_slice_ns();
-            assert!(set_thread(current_nice(), 250));
-            assert_eq!(current_nice(), 3, "the nice value is kept");
+            assert!(set_thread(current_policy().unwrap(), nice, 250));
+            assert_eq!(current_nice(), Some(nice), "the nice value is kept");
             // Linux 6.12+ takes the slice asked for; older kernels accept the call and keep
             // theirs.
             if let Some(before) = before {
@@ -185,12 +218,39 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_thread_stays_batch_and_an_idle_one_is_left_alone() {
+        std::thread::spawn(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: pid 0 is the calling thread; `param` is valid for the call.
+            assert_eq!(
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) },
+                0
+            );
+            assert!(request_thread());
+            // SAFETY: reads the calling thread's own policy.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_BATCH);
+            // SAFETY: as above; moving to the idle class needs no privilege.
+            assert_eq!(
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) },
+                0
+            );
+            assert_eq!(current_policy(), None);
+            assert!(request_thread(), "nothing asked, nothing refused");
+            // SAFETY: reads the calling thread's own policy.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_IDLE);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn the_heavy_lane_gets_nice_19_with_the_slice() {
         std::thread::spawn(|| {
             assert!(lowest_priority_thread());
-            assert_eq!(current_nice(), 19);
-            if custom_slices() {
-                assert_eq!(thread_slice_ns(), Some(DEFAULT_SLICE_US * 1000));
+            assert_eq!(current_nice(), Some(19));
+            // Where the kernel shows the slice (6.12+ with its scheduler debug output).
+            if let (true, Some(slice)) = (custom_slices(), thread_slice_ns()) {
+                assert_eq!(slice, DEFAULT_SLICE_US * 1000);
             }
             // SAFETY: reads the calling thread's own policy.
             assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);

@@ -426,7 +426,8 @@ pub(crate) struct Eligible {
 
 /// Splits `0..n` by `keep` (see [`Eligible`]).
 pub(crate) fn eligible_or_all(n: usize, keep: impl Fn(usize) -> bool) -> Eligible {
-    // One pass, each list sized for all (a partition grew both by doubling).
+    // One pass; the mask and the kept list sized for all (a partition grew both lists by
+    // doubling); the excluded ones are few, if any.
     let (mut mask, mut kept, mut excluded) =
         (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
     for i in 0..n {
