@@ -74,12 +74,11 @@ pub fn lowest_priority_thread() -> bool {
 /// The calling thread's nice value, if it can be read.
 #[cfg(target_os = "linux")]
 fn current_nice() -> Option<i32> {
-    // SAFETY: gettid takes no arguments; getpriority reads the calling thread's own value
-    // (its -1 is a valid nice value, so errno is cleared first and checked after).
+    // SAFETY: on Linux `who` 0 is the calling thread (nice values are per thread there);
+    // its -1 is a valid nice value, so errno is cleared first and checked after.
     unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         *libc::__errno_location() = 0;
-        let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
         (nice != -1 || *libc::__errno_location() == 0).then_some(nice)
     }
 }
@@ -96,11 +95,9 @@ fn current_policy() -> Option<i32> {
 
 #[cfg(target_os = "linux")]
 fn set_nice(nice: i32) -> bool {
-    // SAFETY: gettid takes no arguments; setpriority on the calling thread's own id.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0
-    }
+    // SAFETY: on Linux `who` 0 is the calling thread; raising its own nice value needs no
+    // privilege.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) == 0 }
 }
 
 /// `sched_setattr(2)`'s argument, as far as the normal class reads it (`SCHED_ATTR_SIZE_VER0`).

@@ -47,7 +47,7 @@ pub struct Endpoint {
     pub id_lease: Arc<IdLease>,
     /// `address` formatted once, as written in the destination header.
     pub address_str: Arc<str>,
-    /// The pool it was configured in.
+    /// The pool it was configured in; one `Arc` per name within an [`EndpointSet`].
     pub pool: Arc<str>,
     /// Served model names.
     pub models: Vec<String>,
@@ -73,6 +73,14 @@ pub struct Endpoint {
     pub load: Arc<EndpointLoad>,
     /// Live health state, carried across snapshots.
     pub health: Arc<EndpointHealth>,
+}
+
+impl Endpoint {
+    /// Whether it is in `pool`: by pointer first (a set's endpoints share their pool's name,
+    /// so a decision walking candidates pool by pool compares no strings), else by name.
+    pub fn in_pool(&self, pool: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.pool, pool) || *self.pool == **pool
+    }
 }
 
 /// An immutable snapshot of all endpoints, indexed by what requests ask for.
@@ -146,9 +154,8 @@ impl EndpointSet {
             .get_key_value(STATIC_SOURCE)
             .into_iter()
             .chain(slots.iter().filter(|(k, _)| k.as_str() != STATIC_SOURCE));
-        // One `Arc<str>` per pool name, shared by its endpoints: a decision compares a
-        // candidate's pool with the previous one's by pointer first (`router::confine`), and
-        // separate copies made that a string compare per candidate.
+        // One `Arc<str>` per pool name, shared by its endpoints ([`Endpoint::in_pool`]):
+        // separate copies made a string compare per candidate of a decision.
         let mut pools: HashMap<&str, Arc<str>> = HashMap::new();
         for (source, specs) in ordered {
             let source: Arc<str> = source.as_str().into();
@@ -366,6 +373,10 @@ mod tests {
         assert!(Arc::ptr_eq(&pool(1), &pool(2)), "one name for pool p");
         assert_eq!((&*pool(1), &*pool(3)), ("p", "q"));
         assert!(!Arc::ptr_eq(&pool(1), &pool(3)));
+        // Membership by name too, for a pool name from elsewhere (another snapshot's).
+        let ep = set.get(&SocketAddr::from(([127, 0, 0, 1], 1))).unwrap();
+        assert!(ep.in_pool(&pool(2)) && ep.in_pool(&Arc::from("p")));
+        assert!(!ep.in_pool(&pool(3)));
     }
 
     #[test]

@@ -41,24 +41,23 @@ impl OwnershipIndex {
             position[c as usize] = i as u32;
         }
         let words = max_id / 64 + 1;
-        // The eight bitsets in one allocation (eight were a tenth of the lookup's
-        // instructions at 256 endpoints, in malloc and free).
-        let mut bits = vec![0u64; 8 * words];
-        let (alive, rest) = bits.split_at_mut(words);
-        let (confirmed, rest) = rest.split_at_mut(words);
-        let (offloaded, rest) = rest.split_at_mut(words);
-        let (cpu, rest) = rest.split_at_mut(words);
-        let (next, rest) = rest.split_at_mut(words);
-        let (next_confirmed, rest) = rest.split_at_mut(words);
-        let (next_offloaded, next_cpu) = rest.split_at_mut(words);
+        let mut alive = vec![0u64; words];
         for &c in candidates {
             alive[c as usize / 64] |= 1 << (c % 64);
         }
         // Candidates in a confirmed (offloaded, CPU) run, and since which block, by position.
-        let n = candidates.len();
-        let mut since = vec![0u32; 3 * n];
-        let (confirmed_since, rest) = since.split_at_mut(n);
-        let (offloaded_since, cpu_since) = rest.split_at_mut(n);
+        let mut confirmed = vec![0u64; words];
+        let mut offloaded = vec![0u64; words];
+        let mut cpu = vec![0u64; words];
+        let mut confirmed_since = vec![0u32; candidates.len()];
+        let mut offloaded_since = vec![0u32; candidates.len()];
+        let mut cpu_since = vec![0u32; candidates.len()];
+        let (mut next, mut next_confirmed, mut next_offloaded, mut next_cpu) = (
+            vec![0u64; words],
+            vec![0u64; words],
+            vec![0u64; words],
+            vec![0u64; words],
+        );
         // Words that hold alive candidates.
         let (mut lo, mut hi) = (min_id / 64, max_id / 64);
         let now = self.now_ms();
@@ -76,13 +75,13 @@ impl OwnershipIndex {
                 b.extend(
                     now,
                     &mut Extend {
-                        alive,
+                        alive: &alive,
                         lo,
                         hi,
-                        next,
-                        confirmed: next_confirmed,
-                        offloaded: next_offloaded,
-                        cpu: next_cpu,
+                        next: &mut next,
+                        confirmed: &mut next_confirmed,
+                        offloaded: &mut next_offloaded,
+                        cpu: &mut next_cpu,
                     },
                 );
             }

@@ -24,7 +24,7 @@ pub(super) fn confine<'e>(
     ctx: RouteContext<'_>,
 ) -> Result<Vec<&'e Arc<Endpoint>>, RouteError> {
     let before = serving.len();
-    // Endpoints come grouped by pool, a pool's endpoints share its name's `Arc` (`discovery`)
+    // Endpoints come grouped by pool, a pool's endpoints share its name ([`Endpoint::in_pool`])
     // and a pool has few names: one map lookup per run of one pool, not per endpoint (the
     // lookup hashed the pool's name for each of 256 candidates: 12% of a decision,
     // `benches/decision.rs`), and the list is left as it is when every run is admitted (the
@@ -37,7 +37,7 @@ pub(super) fn confine<'e>(
         let end = start
             + admitted[start..]
                 .iter()
-                .position(|ep| !Arc::ptr_eq(&ep.pool, pool) && *ep.pool != **pool)
+                .position(|ep| !ep.in_pool(pool))
                 .unwrap_or(admitted.len() - start);
         let admits = state.pool_admits(pool, ctx.tenant);
         known |= admits || state.knows_pool(pool);

@@ -152,16 +152,14 @@ pub(super) fn engine_view(ep: &Endpoint, config: &Config, now: Stamp) -> EngineV
     let scraped = scrape.enabled && ep.engine != EngineKind::Other;
     let last = ep.load.engine.brief_at(now);
     let age = last.map(|s| s.age);
-    let staleness = Duration::from_millis(scrape.staleness_ms);
-    let signal = EngineSignal::state_of(age, staleness);
-    // As `state_of` judges it, without comparing its name (a string compare per candidate
-    // showed in a profile).
-    let fresh = age.is_some_and(|a| a <= staleness);
-    let load = last.filter(|_| scraped && fresh).map(|s| EngineLoad {
-        waiting_requests: s.waiting_requests,
-        running_requests: s.running_requests,
-        kv_cache_usage: s.kv_cache_usage,
-    });
+    let signal = EngineSignal::state_of(age, Duration::from_millis(scrape.staleness_ms));
+    let load = last
+        .filter(|_| scraped && signal == "fresh")
+        .map(|s| EngineLoad {
+            waiting_requests: s.waiting_requests,
+            running_requests: s.running_requests,
+            kv_cache_usage: s.kv_cache_usage,
+        });
     EngineView {
         scraped,
         signal,
@@ -380,8 +378,7 @@ pub(crate) fn plan(
         };
         let cpu_learned = learned.cpu_load_bytes_per_s;
         let tiers = match pool_tiers {
-            // A pool's endpoints share its name's `Arc` (`discovery`): by pointer first.
-            Some((pool, tiers)) if Arc::ptr_eq(pool, &ep.pool) || **pool == *ep.pool => tiers,
+            Some((pool, tiers)) if ep.in_pool(pool) => tiers,
             _ => pool_tiers.insert((&ep.pool, state.kv_tiers(&ep.pool))).1,
         };
         signals.push(CandidateSignals {
