@@ -77,9 +77,10 @@ pub struct EnvoyArgs {
     /// Envoy's admin address.
     #[arg(long, default_value = "127.0.0.1:9901")]
     pub admin: SocketAddr,
-    /// kvrouter's ext_proc gRPC address.
+    /// kvrouter's ext_proc gRPC address: host:port, or unix:PATH for kvrouter's
+    /// `server.grpc_unix_socket` (Envoy and kvrouter on one host or in one pod).
     #[arg(long, default_value = "127.0.0.1:9002")]
-    pub extproc: SocketAddr,
+    pub extproc: crate::envoyconf::ExtprocAddress,
     /// A replica address for a static replica cluster (repeatable). Ignored with --eds.
     #[arg(long = "replica", default_values_t = ["127.0.0.1:8001".parse::<SocketAddr>().unwrap(), "127.0.0.1:8002".parse().unwrap(), "127.0.0.1:8003".parse().unwrap(), "127.0.0.1:8004".parse().unwrap()])]
     pub replicas: Vec<SocketAddr>,

@@ -112,6 +112,46 @@ async fn chat_and_completions_pass_through_envoy_intact() {
     .await;
 }
 
+/// kvrouter beside Envoy on one host or in one pod: Envoy's config names only kvrouter's Unix
+/// socket (`server.grpc_unix_socket`, `envoy-config --extproc unix:PATH`), and kvrouter routes
+/// every request through it, observer streams included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_reaches_kvrouter_over_its_unix_socket() {
+    use std::os::unix::fs::FileTypeExt;
+    let stack = Stack::start(StackOptions {
+        unix_socket: true,
+        ..Default::default()
+    })
+    .await;
+    let path = stack
+        .router
+        .grpc_unix
+        .clone()
+        .expect("the socket kvrouter announced");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket(), "{}", path.display());
+    for i in 0..4 {
+        let body = chat_body(MODEL, &format!("hello over a socket {i}"), i % 2 == 0, 5);
+        let r = stack.post("/v1/chat/completions", body).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let upstream = r.upstream.as_deref().expect("x-kvrouter-upstream");
+        assert_eq!(stack.name_of(upstream), r.replica.as_deref(), "{r:?}");
+    }
+    let admin = stack.router.admin;
+    eventually(
+        "four routed picker streams and observer streams over the socket",
+        Duration::from_secs(10),
+        || async move {
+            let m = router_metrics(admin).await;
+            let count = |o: &str| m.sum_where("kvrouter_streams_ended_total", "outcome", o);
+            (count("routed") == 4.0 && count("complete") >= 1.0).then_some(())
+        },
+    )
+    .await;
+    let decisions = router_metrics(admin).await.sum("kvrouter_decisions_total");
+    assert_eq!(decisions, 4.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_robin_rotates_and_least_loaded_spreads_concurrent_requests() {
     let stack = Stack::start(StackOptions {

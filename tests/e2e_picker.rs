@@ -222,6 +222,7 @@ async fn a_picker_started_with_the_reference_flags_finds_the_pool_and_routes_thr
     let router = Router {
         grpc,
         admin,
+        grpc_unix: None,
         config: config.clone(),
         proc,
     };

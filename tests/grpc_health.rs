@@ -43,6 +43,7 @@ fn start(dir: &Path, extra: &[&str]) -> (Router, Option<SocketAddr>) {
     let router = Router {
         grpc: addr("grpc").unwrap(),
         admin: addr("admin").unwrap(),
+        grpc_unix: None,
         config,
         proc,
     };

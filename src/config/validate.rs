@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 
 use super::Config;
 
+/// Longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its terminating NUL).
+const MAX_UNIX_SOCKET_PATH_BYTES: usize = 107;
+
 /// One invalid value: where it is and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -65,6 +68,20 @@ impl Config {
             errors.push("server.admin_listen", "must differ from server.grpc_listen");
         }
 
+        if let Some(path) = &self.server.grpc_unix_socket {
+            let len = path.as_os_str().len();
+            if len == 0 {
+                errors.push("server.grpc_unix_socket", "must not be empty");
+            } else if len > MAX_UNIX_SOCKET_PATH_BYTES {
+                // A relative path is checked as written (binding checks the joined one).
+                errors.push(
+                    "server.grpc_unix_socket",
+                    format!(
+                        "is {len} bytes; a Unix socket path takes at most {MAX_UNIX_SOCKET_PATH_BYTES}"
+                    ),
+                );
+            }
+        }
         if let Some(health) = self.server.health_listen {
             if health.port() != 0
                 && (health == self.server.grpc_listen || health == self.server.admin_listen)
@@ -480,6 +497,20 @@ pools:
             .into_iter()
             .map(|e| e.to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_unix_socket_path_must_fit_the_kernels_limit() {
+        let with = |path: &str| format!("server:\n  grpc_unix_socket: \"{path}\"\n{GOOD}");
+        assert!(errors_of(&with("/run/kvrouter/grpc.sock")).is_empty());
+        let long = format!("/run/{}", "k".repeat(102));
+        assert!(errors_of(&with(&long)).is_empty(), "107 bytes fit");
+        let longer = format!("{long}k");
+        let errors = errors_of(&with(&longer));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("server.grpc_unix_socket"), "{errors:?}");
+        assert!(errors[0].contains("108 bytes"), "{errors:?}");
+        assert_eq!(errors_of(&with("")).len(), 1);
     }
 
     #[test]

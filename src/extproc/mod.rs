@@ -223,6 +223,28 @@ impl Drop for Session {
     }
 }
 
+/// How long the Unix socket's accept loop waits after a failed accept (no file descriptors
+/// left, say) before trying again, so a lasting error does not spin a worker.
+#[cfg(unix)]
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// The connections `listener` accepts, as a stream for tonic's `serve_with_incoming`.
+#[cfg(unix)]
+pub fn unix_incoming(
+    listener: tokio::net::UnixListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> + Send + 'static {
+    futures::stream::unfold(listener, |listener| async move {
+        match listener.accept().await {
+            Ok((stream, _)) => Some((Ok(stream), listener)),
+            Err(e) => {
+                tracing::warn!("accept on the ext_proc Unix socket failed: {e}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                Some((Err(e), listener))
+            }
+        }
+    })
+}
+
 /// What the caller serves beside the ext_proc service on its port: other gRPC services (the
 /// health service) and TLS. Kept apart so this module stays about ext_proc.
 #[derive(Debug, Default)]
@@ -231,6 +253,10 @@ pub struct ServerExtras {
     pub routes: tonic::service::Routes,
     /// Serve TLS (HTTP/2 over TLS, ALPN `h2`) instead of plaintext, when set.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Serve the same services on this Unix socket too (plaintext: the socket file's mode
+    /// guards it).
+    #[cfg(unix)]
+    pub unix: Option<tokio::net::UnixListener>,
 }
 
 /// Serves `service` (and `extras`) on `listener` until `shutdown` resolves, sweeping tickets
@@ -254,16 +280,36 @@ pub async fn serve(
         // would close it again (reading ahead of the heavy lane would lift that; not done).
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
+    #[cfg(unix)]
+    let unix = extras.unix.map(|listener| {
+        // Before TLS: the Unix socket is plaintext.
+        let server = builder
+            .clone()
+            .add_routes(extras.routes.clone())
+            .add_service(service.clone().into_server(max_message_bytes));
+        (server, listener)
+    });
     if let Some(tls) = extras.tls {
         builder = builder.tls_config(tls)?;
     }
     let sweeper = service.spawn_sweeper(max_request);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = builder
+    let shutdown = futures::FutureExt::shared(shutdown);
+    let tcp = builder
         .add_routes(extras.routes)
         .add_service(service.into_server(max_message_bytes))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        .serve_with_incoming_shutdown(incoming, shutdown.clone());
+    #[cfg(unix)]
+    let served = match unix {
+        Some((server, listener)) => {
+            let unix = server.serve_with_incoming_shutdown(unix_incoming(listener), shutdown);
+            let (tcp, unix) = tokio::join!(tcp, unix);
+            tcp.and(unix)
+        }
+        None => tcp.await,
+    };
+    #[cfg(not(unix))]
+    let served = tcp.await;
     sweeper.abort();
     served
 }

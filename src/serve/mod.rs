@@ -8,6 +8,8 @@
 
 pub mod health;
 pub mod picker;
+#[cfg(unix)]
+pub mod unix;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +41,9 @@ pub struct ServeArgs {
     /// printed on stdout).
     #[arg(long, conflicts_with = "grpc_port")]
     pub grpc_listen: Option<SocketAddr>,
+    /// Overrides `server.grpc_unix_socket` (also serve ext_proc on this Unix socket).
+    #[arg(long)]
+    pub grpc_unix_socket: Option<PathBuf>,
     /// Overrides `server.admin_listen`.
     #[arg(long, conflicts_with = "metrics_port")]
     pub admin_listen: Option<SocketAddr>,
@@ -58,7 +63,23 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Parses, adjusts with the flags and validates the config text (start and reloads alike).
     pub fn load(&self, text: &str, origin: &str) -> Result<Config, config::LoadError> {
-        Config::parse_adjust_validate(text, origin, |c| self.picker.apply(c))
+        Config::parse_adjust_validate(text, origin, |c| {
+            let errors = self.picker.apply(c);
+            // The listen flags, on every load: a reload then compares like with like.
+            if let Some(addr) = self.grpc_listen {
+                c.server.grpc_listen = addr;
+            }
+            if let Some(path) = &self.grpc_unix_socket {
+                c.server.grpc_unix_socket = Some(path.clone());
+            }
+            if let Some(addr) = self.admin_listen {
+                c.server.admin_listen = addr;
+            }
+            if let Some(addr) = self.health_listen {
+                c.server.health_listen = Some(addr);
+            }
+            errors
+        })
     }
 }
 
@@ -98,16 +119,7 @@ const SHUTDOWN_ANNOUNCE: Duration = Duration::from_millis(300);
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read {}", args.config.display()))?;
-    let mut config = args.load(&text, &args.config.display().to_string())?;
-    if let Some(addr) = args.grpc_listen {
-        config.server.grpc_listen = addr;
-    }
-    if let Some(addr) = args.admin_listen {
-        config.server.admin_listen = addr;
-    }
-    if let Some(addr) = args.health_listen {
-        config.server.health_listen = Some(addr);
-    }
+    let config = args.load(&text, &args.config.display().to_string())?;
     // Logs, and the decision spans' exporter when `tracing.enabled` (needs the runtime).
     let otel = crate::otel::init_subscriber(config.server.log_format, &config.tracing)?;
     if crate::sched::refused() {
@@ -164,6 +176,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 config.server.admin_listen
             )
         })?;
+    // The Unix socket's file stays until this function returns (then it is removed).
+    let unix_path = config
+        .server
+        .grpc_unix_socket
+        .as_ref()
+        .map(|p| base_dir.join(p));
+    #[cfg(unix)]
+    let (unix_listener, _unix_file) = match &unix_path {
+        Some(path) => {
+            let (listener, file) = unix::bind(path)?;
+            (Some(listener), Some(file))
+        }
+        None => (None, None),
+    };
+    #[cfg(not(unix))]
+    if unix_path.is_some() {
+        anyhow::bail!("server.grpc_unix_socket needs a Unix host");
+    }
     let grpc_addr = grpc.local_addr()?;
     let admin_addr = admin.local_addr()?;
 
@@ -239,6 +269,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let load_args = ServeArgs {
             config: args.config.clone(),
             grpc_listen: args.grpc_listen,
+            grpc_unix_socket: args.grpc_unix_socket.clone(),
             admin_listen: args.admin_listen,
             health_listen: args.health_listen,
             sched_slice_us: args.sched_slice_us,
@@ -312,6 +343,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ServerExtras {
             routes: health.routes(),
             tls,
+            #[cfg(unix)]
+            unix: unix_listener,
         },
         stopped(stop_rx.clone()),
     ));
@@ -352,10 +385,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     // One machine-readable line on stdout so scripts and tests learn the bound ports.
     let health_field = health_addr.map_or(String::new(), |a| format!(r#","health":"{a}""#));
+    let unix_field = unix_path.as_ref().map_or(String::new(), |p| {
+        format!(
+            r#","grpc_unix":{}"#,
+            serde_json::Value::from(p.to_string_lossy().as_ref())
+        )
+    });
     println!(
-        r#"{{"event":"listening","grpc":"{grpc_addr}","admin":"{admin_addr}"{health_field}}}"#
+        r#"{{"event":"listening","grpc":"{grpc_addr}","admin":"{admin_addr}"{health_field}{unix_field}}}"#
     );
-    tracing::info!(%grpc_addr, %admin_addr, health = ?health_addr, "kvrouter serving");
+    tracing::info!(%grpc_addr, %admin_addr, health = ?health_addr, grpc_unix = ?unix_path, "kvrouter serving");
 
     shutdown_signal().await;
     tracing::info!("shutting down");

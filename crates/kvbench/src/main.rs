@@ -37,9 +37,9 @@ enum Command {
     /// Serve a null endpoint picker (ext_proc) that routes to the replicas in turn and does
     /// nothing else: what the protocol alone costs (scripts/overhead.sh's third path).
     NullExtproc {
-        /// gRPC listen address.
+        /// gRPC listen address: host:port, or unix:PATH.
         #[arg(long)]
-        listen: std::net::SocketAddr,
+        listen: kvrouter::envoyconf::ExtprocAddress,
         /// A replica address to route to (repeatable; in turn).
         #[arg(long = "replica", required = true)]
         replicas: Vec<std::net::SocketAddr>,

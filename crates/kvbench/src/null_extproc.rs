@@ -24,6 +24,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use futures::Stream;
 use kvrouter::config::RoutingConfig;
+use kvrouter::envoyconf::ExtprocAddress;
 use kvrouter::extproc::envoy::{continue_, route, watch, Slot};
 use kvrouter::load::EndpointLoad;
 use tonic::{Response, Status, Streaming};
@@ -132,14 +133,26 @@ impl ExternalProcessor for Service {
     }
 }
 
-/// Serves the null picker on `listen` until the process ends.
-pub async fn serve(listen: SocketAddr, destinations: &[SocketAddr]) -> Result<(), String> {
+/// Serves the null picker on `listen` (a TCP address or a Unix socket, which it replaces if
+/// stale and removes at the end) until the process ends.
+pub async fn serve(listen: ExtprocAddress, destinations: &[SocketAddr]) -> Result<(), String> {
     let picker = Arc::new(NullPicker::new(destinations));
-    tonic::transport::Server::builder()
-        .add_service(ExternalProcessorServer::new(Service(picker)))
-        .serve(listen)
-        .await
-        .map_err(|e| e.to_string())
+    let server = tonic::transport::Server::builder()
+        .add_service(ExternalProcessorServer::new(Service(picker)));
+    match listen {
+        ExtprocAddress::Tcp(addr) => server.serve(addr).await.map_err(|e| e.to_string()),
+        ExtprocAddress::Unix(path) => {
+            let (listener, _file) =
+                kvrouter::serve::unix::bind(&path).map_err(|e| format!("{e:#}"))?;
+            let incoming = kvrouter::extproc::unix_incoming(listener);
+            server
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await
+                .map_err(|e| e.to_string())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -128,7 +128,7 @@ pub async fn measure(
     let with = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        extproc: router.grpc,
+        extproc: router.grpc.into(),
         replicas: kvrouter::envoyconf::Replicas::EdsFile(eds),
         ..kvrouter::envoyconf::EnvoyOptions::default()
     });

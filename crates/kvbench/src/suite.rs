@@ -457,7 +457,7 @@ async fn run_stack(
     let mut envoy_yaml = kvrouter::envoyconf::render(&kvrouter::envoyconf::EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        extproc: routers[0].grpc,
+        extproc: routers[0].grpc.into(),
         replicas: kvrouter::envoyconf::Replicas::EdsFile(dir.join("eds.json")),
         // A request may wait in the router's queue: Envoy must not give up on it first (it
         // would then route it around the queue, uncounted).

@@ -153,7 +153,7 @@ pub fn envoy_options(
     EnvoyOptions {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin: SocketAddr::from(([127, 0, 0, 1], 0)),
-        extproc: router.grpc,
+        extproc: router.grpc.into(),
         replicas: match static_replicas {
             Some(list) => Replicas::Static(list),
             None => Replicas::EdsFile(dir.join("eds.json")),

@@ -17,6 +17,8 @@ pub struct Router {
     pub grpc: SocketAddr,
     /// The admin address (`/metrics`, `/debug/...`, `/readyz`).
     pub admin: SocketAddr,
+    /// The ext_proc server's Unix socket, when it serves one (`server.grpc_unix_socket`).
+    pub grpc_unix: Option<PathBuf>,
     /// Its config file; [`Router::rewrite_config`] replaces it (kvrouter hot-reloads it).
     pub config: PathBuf,
     /// The process.
@@ -55,6 +57,7 @@ impl Router {
         Ok(Router {
             grpc: addr("grpc")?,
             admin: addr("admin")?,
+            grpc_unix: line["grpc_unix"].as_str().map(PathBuf::from),
             config: config.to_path_buf(),
             proc,
         })

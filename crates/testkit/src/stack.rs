@@ -50,6 +50,9 @@ pub struct StackOptions<'a> {
     /// Envoy's ext_proc message timeout, in ms (above kvrouter's `flow_control.max_wait_ms`
     /// when requests may queue). Default 2000.
     pub message_timeout_ms: u64,
+    /// kvrouter also serves ext_proc on a Unix socket in the test's directory
+    /// (`server.grpc_unix_socket`), and Envoy reaches it only there. Default false.
+    pub unix_socket: bool,
 }
 
 impl Default for StackOptions<'_> {
@@ -66,6 +69,7 @@ impl Default for StackOptions<'_> {
             tenant_header: None,
             jwt: None,
             message_timeout_ms: 2000,
+            unix_socket: false,
         }
     }
 }
@@ -84,12 +88,24 @@ impl Stack {
             })
             .collect();
         let addrs: Vec<SocketAddr> = replicas.iter().map(|r| r.addr).collect();
-        let router = start_router(
-            dir.path(),
-            &router_config_with_pool(dir.path(), &replicas, o.router_extra, o.pool_extra),
-        );
+        let mut router_yaml =
+            router_config_with_pool(dir.path(), &replicas, o.router_extra, o.pool_extra);
+        if o.unix_socket {
+            let line = format!(
+                "server:\n  grpc_unix_socket: {}\n",
+                dir.path().join("grpc.sock").display()
+            );
+            router_yaml = router_yaml.replacen("server:\n", &line, 1);
+        }
+        let router = start_router(dir.path(), &router_yaml);
         let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
+        let extproc = match (&router.grpc_unix, o.unix_socket) {
+            (Some(path), true) => envoyconf::ExtprocAddress::Unix(path.clone()),
+            (None, true) => panic!("kvrouter announced no Unix socket"),
+            _ => router.grpc.into(),
+        };
         let options = envoyconf::EnvoyOptions {
+            extproc,
             observe: o.observe,
             tenant_header: o.tenant_header.map(str::to_string),
             jwt: o.jwt.clone(),
