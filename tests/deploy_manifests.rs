@@ -7,12 +7,12 @@
 use testkit as common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
 use kvrouter::config::Config;
-use kvrouter::envoyconf::{eds_json, render, EnvoyOptions, Replicas};
+use kvrouter::envoyconf::{eds_json, render, EnvoyOptions, ExtprocAddress, Replicas};
 
 /// Where the sidecar's kvrouter writes the EDS file Envoy reads (a shared in-memory volume).
 const EDS_DIR: &str = "/run/kvrouter";
@@ -31,7 +31,7 @@ fn sidecar_options() -> EnvoyOptions {
     EnvoyOptions {
         listen: "0.0.0.0:8080".parse().unwrap(),
         admin: "127.0.0.1:9901".parse().unwrap(),
-        extproc: "127.0.0.1:9002".parse().unwrap(),
+        extproc: "unix:/run/kvrouter/grpc.sock".parse().unwrap(),
         replicas: Replicas::EdsFile(format!("{EDS_DIR}/eds.json").into()),
         ..EnvoyOptions::default()
     }
@@ -89,9 +89,20 @@ fn sidecar_config_is_valid_and_matches_the_bootstrap() {
     let config = Config::load(&deploy("overlays/sidecar/kvrouter.yaml"))
         .unwrap_or_else(|e| panic!("deploy/overlays/sidecar/kvrouter.yaml: {e}"));
     let envoy = sidecar_options();
+    let socket = config
+        .server
+        .grpc_unix_socket
+        .clone()
+        .expect("a Unix socket");
     assert_eq!(
-        config.server.grpc_listen, envoy.extproc,
+        envoy.extproc,
+        ExtprocAddress::Unix(socket.clone()),
         "Envoy calls kvrouter here"
+    );
+    assert_eq!(
+        socket.parent(),
+        Some(Path::new(EDS_DIR)),
+        "on the volume both containers mount"
     );
     let admin: SocketAddr = "0.0.0.0:9090".parse().unwrap();
     assert_eq!(
