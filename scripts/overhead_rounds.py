@@ -9,6 +9,8 @@ picker, and kvrouter against the null picker (its own share of the hop).
 
 Usage: scripts/overhead_rounds.py [rounds] [seconds] [connections...]
   e.g. scripts/overhead_rounds.py 5 10 1 8   (needs `make release envoy` and wrk)
+With EXTPROC=both in the environment it also reports kvrouter reached over its Unix socket,
+against Envoy alone and against the same kvrouter over TCP in the same round.
 """
 import random
 import re
@@ -61,8 +63,9 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     secs = sys.argv[2] if len(sys.argv) > 2 else "10"
     conns = sys.argv[3:] or ["1", "8"]
-    rows = []
+    rows, unix_rows = [], []
     for c in conns:
+        unix_kept, unix_over_tcp, unix_added99 = [], [], []
         alone, with_, null, added50, added99, kept = [], [], [], [], [], []
         null99, null_kept, over_null99, over_null_kept = [], [], [], []
         for r in range(rounds):
@@ -75,6 +78,13 @@ def main():
             if a["non2xx"] or w["non2xx"] or n["non2xx"]:
                 sys.exit(f"round {r} c={c}: non-2xx answers (alone {a['non2xx']}, with "
                          f"{w['non2xx']}, null {n['non2xx']})")
+            u = s.get("Envoy + kvrouter over a Unix socket")
+            if u is not None:
+                if u["non2xx"]:
+                    sys.exit(f"round {r} c={c}: {u['non2xx']} non-2xx answers over the Unix socket")
+                unix_kept.append(u["rps"] / a["rps"])
+                unix_over_tcp.append(u["rps"] / w["rps"])
+                unix_added99.append(u["p99"] - a["p99"])
             alone.append(a)
             with_.append(w)
             null.append(n)
@@ -91,6 +101,8 @@ def main():
                   f"ms {n['rps']:.0f}/s", flush=True)
         rows.append((c, alone, with_, null, added50, added99, kept, null99, null_kept,
                      over_null99, over_null_kept))
+        if unix_kept:
+            unix_rows.append((c, unix_added99, unix_kept, unix_over_tcp))
     print()
     print(f"{rounds} rounds of {secs} s per arm; medians over rounds [95% bootstrap interval]")
     print("| c | Envoy alone p50 / p99 ms | req/s | + kvrouter p50 / p99 ms | req/s "
@@ -110,6 +122,13 @@ def main():
         print(f"| {c} | {med(null, 'p50'):.2f} / {med(null, 'p99'):.2f} | {med(null, 'rps'):.0f} "
               f"| {fmt(ci(null99))} | {fmt(ci(null_kept))} | {fmt(ci(over_null99))} "
               f"| {fmt(ci(over_null_kept))} |")
+    if unix_rows:
+        print()
+        print("kvrouter reached over its Unix socket (the same process, the same round):")
+        print("| c | added p99 ms | req/s kept | req/s over the TCP path |")
+        print("|---|---|---|---|")
+        for c, added99, kept, over_tcp in unix_rows:
+            print(f"| {c} | {fmt(ci(added99))} | {fmt(ci(kept))} | {fmt(ci(over_tcp))} |")
 
 
 if __name__ == "__main__":
