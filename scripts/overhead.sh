@@ -23,6 +23,7 @@ BODY_MODE=${BODY_MODE:-buffered}
 DIR=$(mktemp -d)
 pids=()
 EXTPROC=${EXTPROC:-tcp}
+case "$EXTPROC" in tcp|unix|both) ;; *) echo "EXTPROC must be tcp, unix or both, not $EXTPROC" >&2; exit 2;; esac
 ROUTER_AT=127.0.0.1:18310; NULL_AT=127.0.0.1:18312; UNIX_LINE=
 [ "$EXTPROC" = tcp ] || UNIX_LINE="grpc_unix_socket: $DIR/kvrouter.sock, "
 [ "$EXTPROC" = unix ] && ROUTER_AT="unix:$DIR/kvrouter.sock" && NULL_AT="unix:$DIR/null.sock"

@@ -115,6 +115,7 @@ async fn chat_and_completions_pass_through_envoy_intact() {
 /// kvrouter beside Envoy on one host or in one pod: Envoy's config names only kvrouter's Unix
 /// socket (`server.grpc_unix_socket`, `envoy-config --extproc unix:PATH`), and kvrouter routes
 /// every request through it, observer streams included.
+#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_reaches_kvrouter_over_its_unix_socket() {
     use std::os::unix::fs::FileTypeExt;

@@ -117,9 +117,10 @@ pub struct ServerConfig {
     /// Also serve the ext_proc gRPC server (and its health service) on this Unix socket, for
     /// an Envoy on the same host or in the same pod (`kvrouter envoy-config --extproc
     /// unix:PATH`): cheaper per message than loopback TCP. Plaintext; the file is mode 0660, so
-    /// Envoy must run as kvrouter's user or group. A relative path is taken from the config
-    /// file's directory. A stale socket file is replaced at start, anything else at the path is
-    /// an error. Default: none (TCP only).
+    /// Envoy must run as kvrouter's user or group; keep it in a directory only they can write.
+    /// A relative path is taken from the config file's directory (from the working directory
+    /// with `--grpc-unix-socket`). A stale socket file is replaced at start, anything else at
+    /// the path is an error. Default: none (TCP only).
     pub grpc_unix_socket: Option<std::path::PathBuf>,
     /// Address of the admin HTTP server (`/healthz`, `/readyz`, `/metrics`, `/debug/*`).
     /// Default `127.0.0.1:9090`.

@@ -75,6 +75,10 @@ impl std::str::FromStr for ExtprocAddress {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.strip_prefix("unix:") {
             Some("") => Err("`unix:` needs a path (unix:/run/kvrouter/grpc.sock)".into()),
+            // Envoy reads `@name` as Linux's abstract namespace; kvrouter binds files only.
+            Some(path) if path.starts_with('@') => Err(format!(
+                "{s:?}: abstract sockets are not supported; give the socket file's path (unix:/run/kvrouter/grpc.sock)"
+            )),
             Some(path) => Ok(ExtprocAddress::Unix(PathBuf::from(path))),
             None => s
                 .parse()
@@ -714,7 +718,7 @@ mod tests {
         assert_eq!(unix, ExtprocAddress::Unix("/run/kvrouter/grpc.sock".into()));
         assert_eq!(unix.to_string(), "unix:/run/kvrouter/grpc.sock");
         assert_eq!(tcp.to_string(), "127.0.0.1:9002");
-        for bad in ["unix:", "kvrouter:9002", "9002"] {
+        for bad in ["unix:", "unix:@kvrouter", "kvrouter:9002", "9002"] {
             let e = bad.parse::<ExtprocAddress>().unwrap_err();
             assert!(e.contains("unix:"), "{bad}: {e}");
         }

@@ -50,7 +50,7 @@ const STREAM_WINDOW_BYTES: u32 = 1 << 20;
 const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
 
 /// The ext_proc service.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ExtProc {
     router: Arc<Router>,
     table: Arc<InflightTable<Ticket>>,
@@ -280,24 +280,26 @@ pub async fn serve(
         // would close it again (reading ahead of the heavy lane would lift that; not done).
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
+    let sweeper = service.spawn_sweeper(max_request);
+    // One server value for both transports: the long bodies' byte pace is the process's.
+    let ext_proc = service.into_server(max_message_bytes);
     #[cfg(unix)]
     let unix = extras.unix.map(|listener| {
         // Before TLS: the Unix socket is plaintext.
         let server = builder
             .clone()
             .add_routes(extras.routes.clone())
-            .add_service(service.clone().into_server(max_message_bytes));
+            .add_service(ext_proc.clone());
         (server, listener)
     });
     if let Some(tls) = extras.tls {
         builder = builder.tls_config(tls)?;
     }
-    let sweeper = service.spawn_sweeper(max_request);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let shutdown = futures::FutureExt::shared(shutdown);
     let tcp = builder
         .add_routes(extras.routes)
-        .add_service(service.into_server(max_message_bytes))
+        .add_service(ext_proc)
         .serve_with_incoming_shutdown(incoming, shutdown.clone());
     #[cfg(unix)]
     let served = match unix {

@@ -70,7 +70,9 @@ impl ServeArgs {
                 c.server.grpc_listen = addr;
             }
             if let Some(path) = &self.grpc_unix_socket {
-                c.server.grpc_unix_socket = Some(path.clone());
+                // A flag's relative path is the working directory's (the file's, its own).
+                let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                c.server.grpc_unix_socket = Some(path);
             }
             if let Some(addr) = self.admin_listen {
                 c.server.admin_listen = addr;
@@ -185,7 +187,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(unix)]
     let (unix_listener, _unix_file) = match &unix_path {
         Some(path) => {
-            let (listener, file) = unix::bind(path)?;
+            let (listener, file) = unix::bind(path).await?;
             (Some(listener), Some(file))
         }
         None => (None, None),
@@ -279,6 +281,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let metrics = Arc::clone(&metrics);
         let discovery = Arc::clone(&discovery);
         let resolver = Arc::clone(&resolver);
+        // What a reload is compared with: the section as loaded (port 0 stays 0); what it
+        // keeps: the running one (the bound port).
+        let loaded_server = server_section.clone();
         let mut server_section = server_section.clone();
         server_section.grpc_listen = grpc_addr;
         let sharing_section = handles.config.borrow().sharing.clone();
@@ -291,7 +296,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             move |text, origin| load_args.load(text, origin),
             move |result| match result {
                 Ok(mut new) => {
-                    if new.server != server_section && args.grpc_listen.is_none() {
+                    if new.server != loaded_server {
                         tracing::warn!("config reload: the `server` section cannot change at runtime; restart to apply it");
                     }
                     new.server = server_section.clone();
@@ -463,5 +468,43 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    const CONFIG: &str =
+        "pools: [{name: p, models: [m], endpoints: [{address: \"127.0.0.1:8001\"}]}]\n";
+
+    #[test]
+    fn the_listen_flags_apply_on_every_load_and_a_relative_socket_is_the_working_directorys() {
+        use clap::Parser as _;
+        let cli = Cli::try_parse_from([
+            "kvrouter",
+            "--config",
+            "conf/kvrouter.yaml",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--grpc-unix-socket",
+            "run/grpc.sock",
+        ])
+        .unwrap();
+        let first = cli.serve.load(CONFIG, "test").unwrap();
+        let socket = std::env::current_dir().unwrap().join("run/grpc.sock");
+        assert_eq!(first.server.grpc_unix_socket, Some(socket));
+        assert_eq!(first.server.grpc_listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(first.server.admin_listen, "127.0.0.1:0".parse().unwrap());
+        // A reload of the same file compares equal: nothing to warn about.
+        assert_eq!(cli.serve.load(CONFIG, "test").unwrap().server, first.server);
     }
 }

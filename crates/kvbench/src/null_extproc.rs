@@ -134,16 +134,20 @@ impl ExternalProcessor for Service {
 }
 
 /// Serves the null picker on `listen` (a TCP address or a Unix socket, which it replaces if
-/// stale and removes at the end) until the process ends.
+/// stale and removes on Ctrl-C, not when killed) until the process ends.
 pub async fn serve(listen: ExtprocAddress, destinations: &[SocketAddr]) -> Result<(), String> {
     let picker = Arc::new(NullPicker::new(destinations));
     let server = tonic::transport::Server::builder()
         .add_service(ExternalProcessorServer::new(Service(picker)));
     match listen {
         ExtprocAddress::Tcp(addr) => server.serve(addr).await.map_err(|e| e.to_string()),
+        #[cfg(not(unix))]
+        ExtprocAddress::Unix(_) => Err("a Unix socket needs a Unix host".into()),
+        #[cfg(unix)]
         ExtprocAddress::Unix(path) => {
-            let (listener, _file) =
-                kvrouter::serve::unix::bind(&path).map_err(|e| format!("{e:#}"))?;
+            let (listener, _file) = kvrouter::serve::unix::bind(&path)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
             let incoming = kvrouter::extproc::unix_incoming(listener);
             server
                 .serve_with_incoming_shutdown(incoming, async {
