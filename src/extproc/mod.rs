@@ -50,7 +50,7 @@ const STREAM_WINDOW_BYTES: u32 = 1 << 20;
 const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
 
 /// The ext_proc service.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ExtProc {
     router: Arc<Router>,
     table: Arc<InflightTable<Ticket>>,
@@ -223,40 +223,24 @@ impl Drop for Session {
     }
 }
 
-/// How long the Unix socket's accept loop waits after a failed accept (no file descriptors
-/// left, say) before trying again, so a lasting error does not spin a worker.
+/// Connections accepted on a Unix socket (`serve::unix::bind` makes one).
 #[cfg(unix)]
-const ACCEPT_RETRY: Duration = Duration::from_millis(50);
-
-/// The connections `listener` accepts, as a stream for tonic's `serve_with_incoming`.
-#[cfg(unix)]
-pub fn unix_incoming(
-    listener: tokio::net::UnixListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> + Send + 'static {
-    futures::stream::unfold(listener, |listener| async move {
-        match listener.accept().await {
-            Ok((stream, _)) => Some((Ok(stream), listener)),
-            Err(e) => {
-                tracing::warn!("accept on the ext_proc Unix socket failed: {e}");
-                tokio::time::sleep(ACCEPT_RETRY).await;
-                Some((Err(e), listener))
-            }
-        }
-    })
-}
+pub type UnixIncoming = std::pin::Pin<
+    Box<dyn futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> + Send + 'static>,
+>;
 
 /// What the caller serves beside the ext_proc service on its port: other gRPC services (the
-/// health service) and TLS. Kept apart so this module stays about ext_proc.
-#[derive(Debug, Default)]
+/// health service), TLS and a Unix socket. Kept apart so this module stays about ext_proc.
+#[derive(Default)]
 pub struct ServerExtras {
     /// Other gRPC services on the same port.
     pub routes: tonic::service::Routes,
     /// Serve TLS (HTTP/2 over TLS, ALPN `h2`) instead of plaintext, when set.
     pub tls: Option<tonic::transport::ServerTlsConfig>,
-    /// Serve the same services on this Unix socket too (plaintext: the socket file's mode
-    /// guards it).
+    /// Serve the same services on these Unix socket connections too (plaintext: the socket
+    /// file's mode guards it).
     #[cfg(unix)]
-    pub unix: Option<tokio::net::UnixListener>,
+    pub unix: Option<UnixIncoming>,
 }
 
 /// Serves `service` (and `extras`) on `listener` until `shutdown` resolves, sweeping tickets
@@ -284,13 +268,13 @@ pub async fn serve(
     // One server value for both transports: the long bodies' byte pace is the process's.
     let ext_proc = service.into_server(max_message_bytes);
     #[cfg(unix)]
-    let unix = extras.unix.map(|listener| {
+    let unix = extras.unix.map(|incoming| {
         // Before TLS: the Unix socket is plaintext.
         let server = builder
             .clone()
             .add_routes(extras.routes.clone())
             .add_service(ext_proc.clone());
-        (server, listener)
+        (server, incoming)
     });
     if let Some(tls) = extras.tls {
         builder = builder.tls_config(tls)?;
@@ -303,8 +287,8 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, shutdown.clone());
     #[cfg(unix)]
     let served = match unix {
-        Some((server, listener)) => {
-            let unix = server.serve_with_incoming_shutdown(unix_incoming(listener), shutdown);
+        Some((server, incoming)) => {
+            let unix = server.serve_with_incoming_shutdown(incoming, shutdown);
             let (tcp, unix) = tokio::join!(tcp, unix);
             tcp.and(unix)
         }

@@ -185,10 +185,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|p| base_dir.join(p));
     #[cfg(unix)]
-    let (unix_listener, _unix_file) = match &unix_path {
+    let (unix_incoming, _unix_file) = match &unix_path {
         Some(path) => {
-            let (listener, file) = unix::bind(path).await?;
-            (Some(listener), Some(file))
+            let (incoming, file) = unix::bind(path).await?;
+            (Some(incoming), Some(file))
         }
         None => (None, None),
     };
@@ -349,7 +349,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             routes: health.routes(),
             tls,
             #[cfg(unix)]
-            unix: unix_listener,
+            unix: unix_incoming,
         },
         stopped(stop_rx.clone()),
     ));

@@ -18,11 +18,17 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use crate::extproc::UnixIncoming;
+
 /// The socket file's mode: owner and group may connect.
 const MODE: u32 = 0o660;
 
 /// How long the probe of an existing socket file may wait for an answer.
 const PROBE: Duration = Duration::from_secs(1);
+
+/// How long the accept loop waits after a failed accept (no file descriptors left, say)
+/// before trying again, so a lasting error does not spin a worker.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
 /// Removes the socket file when dropped, if it is still the file [`bind`] created.
 #[derive(Debug)]
@@ -61,8 +67,9 @@ fn pin(_: &Path) -> Option<std::fs::File> {
     None
 }
 
-/// Binds a listening Unix socket at `path`, replacing a stale socket file there.
-pub async fn bind(path: &Path) -> anyhow::Result<(tokio::net::UnixListener, SocketFile)> {
+/// Binds a listening Unix socket at `path`, replacing a stale socket file there; its
+/// connections as a stream for the ext_proc server, and the file.
+pub async fn bind(path: &Path) -> anyhow::Result<(UnixIncoming, SocketFile)> {
     let what = || format!("{} (server.grpc_unix_socket)", path.display());
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => {
@@ -97,7 +104,21 @@ pub async fn bind(path: &Path) -> anyhow::Result<(tokio::net::UnixListener, Sock
         id: (meta.dev(), meta.ino()),
         _pin: pin(path),
     };
-    Ok((listener, file))
+    Ok((incoming(listener), file))
+}
+
+/// The connections `listener` accepts.
+fn incoming(listener: tokio::net::UnixListener) -> UnixIncoming {
+    Box::pin(futures::stream::unfold(listener, |listener| async move {
+        match listener.accept().await {
+            Ok((stream, _)) => Some((Ok(stream), listener)),
+            Err(e) => {
+                tracing::warn!("accept on the ext_proc Unix socket failed: {e}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                Some((Err(e), listener))
+            }
+        }
+    }))
 }
 
 #[cfg(test)]
@@ -111,15 +132,15 @@ mod tests {
         // A socket file nobody serves on: what a killed kvrouter leaves.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists());
-        let (listener, file) = bind(&path).await.unwrap();
+        let (mut incoming, file) = bind(&path).await.unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, MODE);
         // It accepts.
         let client = tokio::net::UnixStream::connect(&path);
-        let (accepted, connected) = tokio::join!(listener.accept(), client);
-        accepted.unwrap();
+        let (accepted, connected) = tokio::join!(futures::StreamExt::next(&mut incoming), client);
+        accepted.expect("a connection").unwrap();
         connected.unwrap();
-        drop(listener);
+        drop(incoming);
         drop(file);
         assert!(!path.exists(), "the socket file is removed at the end");
     }
@@ -129,13 +150,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let served = dir.path().join("served.sock");
         let _other = std::os::unix::net::UnixListener::bind(&served).unwrap();
-        let e = bind(&served).await.unwrap_err().to_string();
+        let e = bind(&served).await.err().expect("refused").to_string();
         assert!(e.contains("another process is serving"), "{e}");
         assert!(served.exists());
 
         let file = dir.path().join("notes.txt");
         std::fs::write(&file, "keep me").unwrap();
-        let e = bind(&file).await.unwrap_err().to_string();
+        let e = bind(&file).await.err().expect("refused").to_string();
         assert!(e.contains("is not a socket"), "{e}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     }
@@ -144,8 +165,8 @@ mod tests {
     async fn a_file_put_in_its_place_is_not_removed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("grpc.sock");
-        let (listener, file) = bind(&path).await.unwrap();
-        drop(listener);
+        let (incoming, file) = bind(&path).await.unwrap();
+        drop(incoming);
         // Another instance took the path over meanwhile.
         std::fs::remove_file(&path).unwrap();
         let _theirs = std::os::unix::net::UnixListener::bind(&path).unwrap();

@@ -145,10 +145,9 @@ pub async fn serve(listen: ExtprocAddress, destinations: &[SocketAddr]) -> Resul
         ExtprocAddress::Unix(_) => Err("a Unix socket needs a Unix host".into()),
         #[cfg(unix)]
         ExtprocAddress::Unix(path) => {
-            let (listener, _file) = kvrouter::serve::unix::bind(&path)
+            let (incoming, _file) = kvrouter::serve::unix::bind(&path)
                 .await
                 .map_err(|e| format!("{e:#}"))?;
-            let incoming = kvrouter::extproc::unix_incoming(listener);
             server
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = tokio::signal::ctrl_c().await;

@@ -99,10 +99,11 @@ impl Stack {
         }
         let router = start_router(dir.path(), &router_yaml);
         let static_replicas = (o.cluster == ClusterStyle::OriginalDst).then(|| addrs.clone());
-        let extproc = match (&router.grpc_unix, o.unix_socket) {
-            (Some(path), true) => envoyconf::ExtprocAddress::Unix(path.clone()),
-            (None, true) => panic!("kvrouter announced no Unix socket"),
-            _ => router.grpc.into(),
+        let extproc = if o.unix_socket {
+            let path = router.grpc_unix.clone();
+            envoyconf::ExtprocAddress::Unix(path.expect("kvrouter announces its Unix socket"))
+        } else {
+            router.grpc.into()
         };
         let options = envoyconf::EnvoyOptions {
             extproc,
