@@ -11,6 +11,8 @@
 # EXTPROC=unix: both attached Envoys reach their picker (kvrouter's server.grpc_unix_socket, the
 # null picker) over a Unix socket instead of loopback TCP, as a sidecar or same-host deployment can.
 # EXTPROC=both: as by default, plus a fourth path, Envoy + the same kvrouter over its Unix socket.
+# ALSO_BODY_MODE=streamed (or buffered, full-duplex): one more path, Envoy + the same kvrouter with
+# its bodies in that mode, side by side with BODY_MODE's; SWAP=1 runs it before BODY_MODE's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-10}
@@ -68,6 +70,14 @@ if [ "$EXTPROC" = both ]; then
   "$ENVOY" -c "$DIR/unix.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 14 > "$DIR/e4.log" 2>&1 & pids+=($!)
   READY+=(http://127.0.0.1:18351/ready)
 fi
+ALSO_BODY_MODE=${ALSO_BODY_MODE:-}
+if [ -n "$ALSO_BODY_MODE" ]; then
+  "$BIN/kvrouter" envoy-config --listen 127.0.0.1:18360 --admin 127.0.0.1:18361 --extproc "$ROUTER_AT" \
+    --eds "$DIR/eds.json" --body-mode "$ALSO_BODY_MODE" "${OBSERVER_FLAG[@]}" > "$DIR/also.yaml"
+  "$ENVOY" -c "$DIR/also.yaml" --disable-hot-restart --concurrency 1 -l error --base-id 15 > "$DIR/e5.log" 2>&1 & pids+=($!)
+  also_pid=$!
+  READY+=(http://127.0.0.1:18361/ready)
+fi
 for u in "${READY[@]}"; do
   for _ in $(seq 100); do curl -fs -o /dev/null "$u" && break; sleep 0.1; done
 done
@@ -96,11 +106,20 @@ echo "== direct to a replica"
 wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$DIR/post.lua" http://127.0.0.1:18301/v1/chat/completions \
   | grep -E "Requests/sec|Latency |50%|99%|Non-2xx"
 run "Envoy alone" 18320
+run_also() {
+  before=$(cpu "${pids[0]}" "${pids[1]}" "$also_pid")
+  run "Envoy + kvrouter, $ALSO_BODY_MODE bodies" 18360
+  after=$(cpu "${pids[0]}" "${pids[1]}" "$also_pid")
+  echo "== CPU seconds during the $ALSO_BODY_MODE bodies run (kvsim kvrouter envoy):"
+  spent "$before" "$after"
+}
+[ -n "$ALSO_BODY_MODE" ] && [ "${SWAP:-0}" = 1 ] && run_also
 before=$(cpu "${pids[0]}" "${pids[1]}" "${pids[4]}")
 run "Envoy + kvrouter" 18330
 after=$(cpu "${pids[0]}" "${pids[1]}" "${pids[4]}")
 echo "== CPU seconds during the Envoy + kvrouter run (kvsim kvrouter envoy):"
 spent "$before" "$after"
+[ -n "$ALSO_BODY_MODE" ] && [ "${SWAP:-0}" != 1 ] && run_also
 before=$(cpu "${pids[0]}" "${pids[2]}" "${pids[5]}")
 run "Envoy + null picker" 18340
 after=$(cpu "${pids[0]}" "${pids[2]}" "${pids[5]}")

@@ -10,8 +10,11 @@ picker, and kvrouter against the null picker (its own share of the hop).
 Usage: scripts/overhead_rounds.py [rounds] [seconds] [connections...]
   e.g. scripts/overhead_rounds.py 5 10 1 8   (needs `make release envoy` and wrk)
 With EXTPROC=both in the environment it also reports kvrouter reached over its Unix socket,
-against Envoy alone and against the same kvrouter over TCP in the same round.
+against Envoy alone and against the same kvrouter over TCP in the same round. With
+ALSO_BODY_MODE=<mode> it reports the same kvrouter with its bodies in that mode against the
+BODY_MODE path of the same round (the two run in alternating order, round by round).
 """
+import os
 import random
 import re
 import statistics
@@ -63,15 +66,18 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     secs = sys.argv[2] if len(sys.argv) > 2 else "10"
     conns = sys.argv[3:] or ["1", "8"]
-    rows, unix_rows = [], []
+    rows, unix_rows, also_rows = [], [], []
+    also_mode = os.environ.get("ALSO_BODY_MODE", "")
     for c in conns:
         unix_kept, unix_over_tcp, unix_added99 = [], [], []
+        also_kept, also_over, also_added99 = [], [], []
         alone, with_, null, added50, added99, kept = [], [], [], [], [], []
         null99, null_kept, over_null99, over_null_kept = [], [], [], []
         for r in range(rounds):
+            env = dict(os.environ, SWAP=str(r % 2))
             out = subprocess.run(
                 [str(ROOT / "scripts/overhead.sh"), secs, c],
-                cwd=ROOT, capture_output=True, text=True, check=True,
+                cwd=ROOT, capture_output=True, text=True, check=True, env=env,
             ).stdout
             s = parse(out)
             a, w, n = s["Envoy alone"], s["Envoy + kvrouter"], s["Envoy + null picker"]
@@ -85,6 +91,15 @@ def main():
                 unix_kept.append(u["rps"] / a["rps"])
                 unix_over_tcp.append(u["rps"] / w["rps"])
                 unix_added99.append(u["p99"] - a["p99"])
+            if also_mode:
+                m = s[f"Envoy + kvrouter, {also_mode} bodies"]
+                if m["non2xx"]:
+                    sys.exit(f"round {r} c={c}: {m['non2xx']} non-2xx answers with {also_mode} bodies")
+                also_kept.append(m["rps"] / a["rps"])
+                also_over.append(m["rps"] / w["rps"])
+                also_added99.append(m["p99"] - a["p99"])
+                print(f"c={c} round {r + 1}/{rounds}: {also_mode} bodies p50 {m['p50']:.2f} "
+                      f"p99 {m['p99']:.2f} ms {m['rps']:.0f}/s", flush=True)
             alone.append(a)
             with_.append(w)
             null.append(n)
@@ -103,6 +118,8 @@ def main():
                      over_null99, over_null_kept))
         if unix_kept:
             unix_rows.append((c, unix_added99, unix_kept, unix_over_tcp))
+        if also_kept:
+            also_rows.append((c, also_added99, also_kept, also_over))
     print()
     print(f"{rounds} rounds of {secs} s per arm; medians over rounds [95% bootstrap interval]")
     print("| c | Envoy alone p50 / p99 ms | req/s | + kvrouter p50 / p99 ms | req/s "
@@ -129,6 +146,15 @@ def main():
         print("|---|---|---|---|")
         for c, added99, kept, over_tcp in unix_rows:
             print(f"| {c} | {fmt(ci(added99))} | {fmt(ci(kept))} | {fmt(ci(over_tcp))} |")
+
+    if also_rows:
+        print()
+        print(f"kvrouter with {also_mode} bodies (the same process, the same round):")
+        print(f"| c | added p99 ms | req/s kept | req/s over the "
+              f"{os.environ.get('BODY_MODE', 'buffered')} path |")
+        print("|---|---|---|---|")
+        for c, added99, kept, over in also_rows:
+            print(f"| {c} | {fmt(ci(added99))} | {fmt(ci(kept))} | {fmt(ci(over))} |")
 
 
 if __name__ == "__main__":

@@ -386,6 +386,144 @@ async fn a_dead_router_in_full_duplex_mode_gets_500s_from_envoy() {
     );
 }
 
+/// STREAMED with `send_body_without_waiting_for_header_response` (`--body-mode streamed`): Envoy
+/// sends the headers and the body at once and picks the host only when kvrouter answers the
+/// headers, after the body. Every pick is honoured (a strict round-robin rotation, which Envoy's
+/// least-request fallback would not produce), a body four times the listener's 1 MiB buffer is
+/// routed, and with kvrouter dead Envoy still fails open (what full duplex cannot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_streamed_mode_honours_every_pick_and_fails_open() {
+    let mut stack = Stack::start(StackOptions {
+        replicas: 3,
+        body_mode: BodyMode::Streamed,
+        router_extra: "policy: {name: round-robin}",
+        replica_flags: &[
+            "--max-model-len",
+            "4000000",
+            "--num-gpu-blocks",
+            "300000",
+            "--time-scale",
+            "100000",
+        ],
+        ..StackOptions::default()
+    })
+    .await;
+    let mut order = Vec::new();
+    for i in 0..6 {
+        let r = if i % 2 == 0 {
+            stack
+                .post(
+                    "/v1/chat/completions",
+                    chat_body(MODEL, &format!("s{i}"), i % 4 == 0, 3),
+                )
+                .await
+        } else {
+            stack
+                .post(
+                    "/v1/completions",
+                    completion_body(MODEL, &format!("s{i}"), false, 3),
+                )
+                .await
+        };
+        assert_eq!(r.status, 200, "{}", r.body);
+        let upstream = r.upstream.as_deref().expect("x-kvrouter-upstream");
+        assert_eq!(stack.name_of(upstream), r.replica.as_deref(), "{r:?}");
+        order.push(r.replica.expect("replica header"));
+    }
+    let distinct: std::collections::HashSet<_> = order.iter().collect();
+    assert_eq!(distinct.len(), 3, "{order:?}");
+    assert_eq!(order[..3], order[3..], "strict rotation: {order:?}");
+
+    // 4 MiB: Envoy holds the chunks while kvrouter waits for the last one.
+    let prompt = "abcd ".repeat((4 << 20) / 5);
+    let r = stack
+        .post("/v1/completions", completion_body(MODEL, &prompt, false, 2))
+        .await;
+    assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(500)]);
+    assert_eq!(json(&r.body)["usage"]["prompt_tokens"], (4u64 << 20) / 5);
+    assert_eq!(
+        r.replica.as_deref(),
+        Some(order[0].as_str()),
+        "the rotation's next pick, not a fallback"
+    );
+    let admin = stack.router.admin;
+    eventually(
+        "seven routed picker streams",
+        Duration::from_secs(10),
+        || async move {
+            let m = router_metrics(admin).await;
+            (m.sum_where("kvrouter_streams_ended_total", "outcome", "routed") == 7.0).then_some(())
+        },
+    )
+    .await;
+    assert_in_flight_drains(admin).await;
+
+    stack.router.proc.kill();
+    for i in 0..6 {
+        let r = stack
+            .post(
+                "/v1/chat/completions",
+                chat_body(MODEL, &format!("after {i}"), i % 2 == 0, 2),
+            )
+            .await;
+        assert_eq!(r.status, 200, "fails open: {}", r.body);
+        assert!(r.replica.is_some(), "{r:?}");
+    }
+}
+
+/// What early STREAMED gives up against BUFFERED: Envoy re-arms its message timeout with each
+/// chunk it sends, so a client that pauses mid-body for longer than the timeout makes Envoy give
+/// up on kvrouter before the body has ended. Envoy 1.40 then forwards the part it holds as the
+/// whole body (the engine answers 400 to the cut JSON), never decided by kvrouter. BUFFERED
+/// sends kvrouter the body only once it is whole, and routes it. docs/envoy.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_paused_past_the_message_timeout_is_cut_by_envoy_only_in_early_streamed_mode() {
+    use futures::StreamExt;
+    for (mode, routed) in [(BodyMode::Buffered, true), (BodyMode::Streamed, false)] {
+        let stack = Stack::start(StackOptions {
+            body_mode: mode,
+            message_timeout_ms: 200,
+            ..StackOptions::default()
+        })
+        .await;
+        let body = chat_body(MODEL, "an upload that pauses", false, 2).into_bytes();
+        let (a, b) = body.split_at(body.len() / 2);
+        // The pause is the stimulus: four message timeouts between the two halves.
+        let parts = futures::stream::iter([(a.to_vec(), false), (b.to_vec(), true)]).then(
+            |(chunk, pause)| async move {
+                if pause {
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                }
+                Ok::<_, std::io::Error>(chunk)
+            },
+        );
+        let r = stack
+            .client
+            .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(parts))
+            .send()
+            .await
+            .expect("POST through Envoy");
+        let r = reply(r).await;
+        assert!(r.replica.is_some(), "{mode:?}: a replica answered: {r:?}");
+        if routed {
+            assert_eq!(r.status, 200, "{mode:?}: {}", r.body);
+        } else {
+            assert_eq!(
+                r.status, 400,
+                "{mode:?}: the engine got a cut body: {}",
+                r.body
+            );
+            assert!(r.body.contains("not valid JSON"), "{}", r.body);
+        }
+        let decisions = metric_sum(stack.router.admin, "kvrouter_decisions_total").await;
+        assert_eq!(decisions, if routed { 1.0 } else { 0.0 }, "{mode:?}");
+        let timeouts = envoy_counter(&stack, "ext_proc.kvrouter.message_timeouts").await;
+        assert_eq!(timeouts, u64::from(!routed), "{mode:?}");
+    }
+}
+
 /// Twelve chats through Envoy once kvrouter is SIGKILLed: status and upstream of each.
 async fn statuses_once_the_router_is_dead(body_mode: BodyMode) -> Vec<(u16, Option<String>)> {
     let mut stack = warm_stack(body_mode).await;
@@ -629,7 +767,11 @@ async fn request_counts_until_its_response_ends(observe: bool) {
 
 /// Envoy's count of ext_proc streams started by the filter with `stat_prefix`.
 async fn extproc_streams(stack: &Stack, stat_prefix: &str) -> u64 {
-    let stat = format!("ext_proc.{stat_prefix}.streams_started");
+    envoy_counter(stack, &format!("ext_proc.{stat_prefix}.streams_started")).await
+}
+
+/// An Envoy counter, summed over the scopes that end in `stat`.
+async fn envoy_counter(stack: &Stack, stat: &str) -> u64 {
     let text = stack
         .client
         .get(format!("http://{}/stats?filter={stat}", stack.envoy.admin))

@@ -95,7 +95,7 @@ fn every_generator_variant_validates() {
     let cwd = tempfile::tempdir().unwrap();
     kvrouter::envoyconf::write_eds(&cwd.path().join("eds.json"), 1, &[]).unwrap();
     for cluster in [ClusterStyle::OverrideHost, ClusterStyle::OriginalDst] {
-        for body_mode in [BodyMode::Buffered, BodyMode::FullDuplex] {
+        for body_mode in [BodyMode::Buffered, BodyMode::FullDuplex, BodyMode::Streamed] {
             for replicas in [
                 Replicas::EdsFile("eds.json".into()),
                 Replicas::Static(vec!["[::1]:8001".parse().unwrap()]),

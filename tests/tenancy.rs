@@ -225,6 +225,13 @@ async fn tenants_share_nothing_in_one_engine_full_duplex() {
     tenants_share_nothing_in_one_engine(BodyMode::FullDuplex, "").await;
 }
 
+/// STREAMED with the body sent before the headers' reply: each chunk's reply carries its salted
+/// bytes, and Envoy sends them upstream chunk-encoded (it drops the content-length itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_share_nothing_in_one_engine_early_streamed() {
+    tenants_share_nothing_in_one_engine(BodyMode::Streamed, "").await;
+}
+
 /// Every body here (~1.5 KiB) over the heavy threshold: Envoy's body message is decoded in the
 /// heavy lane, not by the gRPC codec, and decided and salted there (what a near-limit body gets).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

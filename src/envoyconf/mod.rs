@@ -18,7 +18,10 @@
 //!
 //! Body modes: BUFFERED (default) fails open cleanly when the router is down. FULL_DUPLEX_STREAMED
 //! streams the body through the router, but Envoy 1.40 fails *closed* (HTTP 500) when the router
-//! is unreachable once a body chunk was sent, and arms no message timeout.
+//! is unreachable once a body chunk was sent, and arms no message timeout. STREAMED with
+//! `send_body_without_waiting_for_header_response` sends the headers and the body at once, as
+//! full duplex does (one round trip where BUFFERED takes two), while Envoy keeps the chunks and
+//! its message timeout, so it fails open like BUFFERED.
 //!
 //! What crosses to the router per request is kept to what it uses (each ext_proc message costs
 //! Envoy and the router tens of microseconds of CPU):
@@ -49,6 +52,10 @@ pub enum BodyMode {
     Buffered,
     /// Envoy streams chunks and the router echoes them back after deciding.
     FullDuplex,
+    /// Envoy streams chunks without waiting for the headers' reply (STREAMED with
+    /// `send_body_without_waiting_for_header_response`) and keeps them; the router answers the
+    /// headers with the pick once the body has ended. One round trip, clean fail-open.
+    Streamed,
 }
 
 /// Where Envoy reaches kvrouter's ext_proc server: a TCP address, or a Unix socket
@@ -335,6 +342,7 @@ fn jwt_filter(o: &EnvoyOptions) -> String {
 pub fn render(o: &EnvoyOptions) -> String {
     let header = &o.destination_header;
     let full_duplex = o.body_mode == BodyMode::FullDuplex;
+    let streamed = o.body_mode == BodyMode::Streamed;
     let mut y = String::new();
     let _ = writeln!(
         y,
@@ -449,6 +457,12 @@ pub fn render(o: &EnvoyOptions) -> String {
             "SEND",
             "not armed in FULL_DUPLEX_STREAMED; bodyless requests only",
         )
+    } else if streamed {
+        (
+            "STREAMED",
+            "SEND",
+            "per message; the headers' runs until the pick, upload included; on expiry the request fails open",
+        )
     } else {
         (
             "BUFFERED",
@@ -510,6 +524,7 @@ pub fn render(o: &EnvoyOptions) -> String {
          \x20               response_header_mode: SKIP\n\
          \x20               response_body_mode: NONE\n\
          \x20               response_trailer_mode: SKIP\n\
+         {early_body}\
          \x20             message_timeout: {message_timeout}          # {timeout_note}\n\
          \x20             route_cache_action: {route_cache}\n\
          \x20             mutation_rules:\n\
@@ -530,6 +545,13 @@ pub fn render(o: &EnvoyOptions) -> String {
         header_re = regex_escape(header),
         observer = if o.observe { OBSERVER_FILTER } else { "" },
         jwt = jwt_filter(o),
+        early_body = if streamed {
+            "\x20             # The body goes out with the headers; kvrouter answers the headers\n\
+             \x20             # once it has the body, so the host is picked after the decision.\n\
+             \x20             send_body_without_waiting_for_header_response: true\n"
+        } else {
+            ""
+        },
     );
     }
     // The replica cluster.
@@ -746,7 +768,7 @@ mod tests {
     #[test]
     fn every_variant_renders_the_parts_it_needs() {
         for cluster in [ClusterStyle::OverrideHost, ClusterStyle::OriginalDst] {
-            for body_mode in [BodyMode::Buffered, BodyMode::FullDuplex] {
+            for body_mode in [BodyMode::Buffered, BodyMode::FullDuplex, BodyMode::Streamed] {
                 let o = EnvoyOptions {
                     cluster,
                     body_mode,
@@ -759,6 +781,14 @@ mod tests {
                 assert_eq!(
                     y.contains("FULL_DUPLEX_STREAMED"),
                     body_mode == BodyMode::FullDuplex
+                );
+                assert_eq!(
+                    y.contains("request_body_mode: STREAMED\n"),
+                    body_mode == BodyMode::Streamed
+                );
+                assert_eq!(
+                    y.contains("send_body_without_waiting_for_header_response: true"),
+                    body_mode == BodyMode::Streamed
                 );
                 assert_eq!(
                     y.contains("ORIGINAL_DST"),

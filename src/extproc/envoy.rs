@@ -172,6 +172,20 @@ pub fn streamed_request_body(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingR
     streamed_body(Slot::RequestBody, chunk, end_of_stream)
 }
 
+/// Replaces one request body chunk in STREAMED mode with `body` (a chunk of the salted body).
+pub fn replaced_request_chunk(body: Vec<u8>) -> ProcessingResponse {
+    let common = CommonResponse {
+        body_mutation: Some(BodyMutation {
+            mutation: Some(body_mutation::Mutation::Body(body)),
+        }),
+        ..Default::default()
+    };
+    ProcessingResponse {
+        response: Some(wrap(Slot::RequestBody, common)),
+        ..Default::default()
+    }
+}
+
 /// Echoes one response body chunk in full-duplex streamed mode (moved, not copied).
 pub fn streamed_response_body(chunk: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     streamed_body(Slot::ResponseBody, chunk, end_of_stream)

@@ -20,8 +20,14 @@
 //! - `FULL_DUPLEX_STREAMED`: Envoy streams body chunks while it waits for the headers response,
 //!   and picks the upstream host right after it. The headers response is held until the body has
 //!   ended, then sent with the destination, followed by every chunk echoed back in order.
-//! - `STREAMED` / `NONE` / `GRPC`: the host is picked before the body is seen, so the request is
-//!   not routed here (CONTINUE everywhere); Envoy's fallback serves it. Logged once.
+//! - `STREAMED` with `send_body_without_waiting_for_header_response` (Envoy says so in the first
+//!   message's `protocol_config`): as full duplex, the headers response is held until the body
+//!   has ended and carries the destination; then one reply per body message, in order, each a
+//!   CONTINUE (Envoy keeps the chunks itself, so nothing is echoed), or the chunk's salted bytes.
+//!   One round trip per request, like full duplex, and Envoy still fails open.
+//! - `STREAMED` (Envoy waiting for the headers response) / `NONE` / `GRPC`: the host is picked
+//!   before the body is seen, so the request is not routed here (CONTINUE everywhere); Envoy's
+//!   fallback serves it. Logged once.
 //!
 //! A request's routing reads one [`RouterState`] snapshot, taken when its first message arrives:
 //! the tenant header, the body limit, the decision, the destination header and the retry-after
@@ -207,6 +213,9 @@ pub struct Stream {
     metrics: Arc<Metrics>,
     phase: Phase,
     request_mode: BodySendMode,
+    /// Envoy sends a STREAMED body without waiting for the headers response
+    /// (`send_body_without_waiting_for_header_response`).
+    early_body: bool,
     response_mode: BodySendMode,
     /// Envoy's observability mode: it ignores replies, so none are sent.
     observe_only: bool,
@@ -244,6 +253,7 @@ impl Stream {
             // Until Envoy says otherwise (protocol_config on the first message), assume the
             // mode that works with every message order.
             request_mode: BodySendMode::Buffered,
+            early_body: false,
             response_mode: BodySendMode::None,
             observe_only: false,
             request_id: String::new(),
@@ -329,6 +339,7 @@ impl Stream {
         if let Some(pc) = &msg.protocol_config {
             self.request_mode =
                 BodySendMode::try_from(pc.request_body_mode).unwrap_or(BodySendMode::Buffered);
+            self.early_body = pc.send_body_without_waiting_for_header_response;
             self.response_mode =
                 BodySendMode::try_from(pc.response_body_mode).unwrap_or(BodySendMode::None);
         }
@@ -402,22 +413,26 @@ impl Stream {
             // No body (GET /v1/models, /health): any endpoint serving anything will do.
             return self.decide(pending, Slot::RequestHeaders, false).await;
         }
+        if self.holds_headers() {
+            self.phase = Phase::RequestBody(pending);
+            return Vec::new(); // held until the body has ended
+        }
         match self.request_mode {
-            BodySendMode::FullDuplexStreamed => {
-                self.phase = Phase::RequestBody(pending);
-                Vec::new() // held until the body has ended
-            }
             BodySendMode::Buffered | BodySendMode::BufferedPartial => {
                 self.phase = Phase::RequestBody(pending);
                 vec![envoy::continue_(Slot::RequestHeaders)]
             }
-            BodySendMode::Streamed | BodySendMode::None | BodySendMode::Grpc => {
+            BodySendMode::FullDuplexStreamed
+            | BodySendMode::Streamed
+            | BodySendMode::None
+            | BodySendMode::Grpc => {
                 if !WARNED_UNROUTABLE_MODE.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         mode = ?self.request_mode,
                         "Envoy sends request bodies in a mode that picks the host before the \
                          body is seen; requests are left to Envoy's fallback. Use \
-                         FULL_DUPLEX_STREAMED or BUFFERED."
+                         BUFFERED, FULL_DUPLEX_STREAMED, or STREAMED with \
+                         send_body_without_waiting_for_header_response."
                     );
                 }
                 self.phase = Phase::Picked { id: None };
@@ -432,7 +447,9 @@ impl Stream {
         msg: &ProcessingRequest,
     ) -> Vec<ProcessingResponse> {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
-        if matches!(self.phase, Phase::Start) && !full_duplex {
+        // The headers' reply waits for the body's end (full duplex, early STREAMED).
+        let held = self.holds_headers();
+        if matches!(self.phase, Phase::Start) && !held {
             // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
             // path, request id, tenant, flow and trace headers come as request attributes with
             // the body. Not a mode the shipped configs use: Envoy 1.40 picks the upstream host
@@ -492,7 +509,8 @@ impl Stream {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.len += b.body.len();
-        if !b.body.is_empty() || full_duplex {
+        if !b.body.is_empty() || held {
+            // Held: every message is answered after the decision, one reply each.
             pending.chunks.push(b.body);
         }
         // BUFFERED sends the whole body in one message, without end of stream only when
@@ -501,14 +519,14 @@ impl Stream {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
             };
-            let slot = if full_duplex {
+            let slot = if held {
                 Slot::RequestHeaders
             } else {
                 Slot::RequestBody
             };
             return self.decide(p, slot, false).await;
         }
-        if full_duplex {
+        if held {
             Vec::new()
         } else {
             // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed
@@ -518,9 +536,7 @@ impl Stream {
     }
 
     async fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
-        if self.request_mode == BodySendMode::FullDuplexStreamed
-            && matches!(self.phase, Phase::RequestBody(_))
-        {
+        if self.holds_headers() && matches!(self.phase, Phase::RequestBody(_)) {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
             };
@@ -552,6 +568,9 @@ impl Stream {
             None
         };
         let retry_after = pending.state.config.routing.retry_after_s;
+        // Early STREAMED answers each body message after the routing reply; counted before the
+        // chunks may be freed.
+        let messages = pending.chunks.len();
         let span = DecisionSpan::start(pending.trace.as_ref(), &self.request_id);
         let (mut pending, result) = if pending.state.decides_slowly(pending.len) {
             // Off the async workers, in the lane its size calls for (`super::lanes`): worst-case
@@ -590,8 +609,9 @@ impl Stream {
             (pending, result)
         };
 
-        let echo = self.echoes(slot) && !pending.chunks.is_empty();
-        let mut out = Vec::with_capacity(if echo { pending.chunks.len() + 2 } else { 1 });
+        let answers_body = slot == Slot::RequestHeaders && self.holds_headers();
+        let salted_body = matches!(result, Ok(Some((_, true))));
+        let mut out = Vec::with_capacity(if answers_body { messages + 2 } else { 1 });
         match result {
             Ok(Some((decision, salted))) => {
                 span.routed(&decision);
@@ -602,7 +622,9 @@ impl Stream {
                 if watched {
                     envoy::watch(&mut reply);
                 }
-                if salted {
+                // STREAMED: Envoy took the content-length off when the headers came (and would
+                // not set one), so the salted chunks go upstream chunk-encoded.
+                if salted && self.request_mode != BodySendMode::Streamed {
                     // BUFFERED: nothing is echoed afterwards, the body moves into the reply
                     // (one chunk, always, in BUFFERED: moved, not copied).
                     let buffered = (slot == Slot::RequestBody).then(|| {
@@ -660,20 +682,29 @@ impl Stream {
                 return self.reject(rejection, retry_after);
             }
         }
-        if echo {
-            // The chunks go back as they came, moved rather than copied.
-            let last = pending.chunks.len() - 1;
-            for (i, chunk) in pending.chunks.into_iter().enumerate() {
-                out.push(envoy::streamed_request_body(chunk, i == last && !trailers));
+        if answers_body {
+            if self.request_mode == BodySendMode::FullDuplexStreamed {
+                // The chunks go back as they came, moved rather than copied.
+                let last = pending.chunks.len().saturating_sub(1);
+                for (i, chunk) in pending.chunks.into_iter().enumerate() {
+                    out.push(envoy::streamed_request_body(chunk, i == last && !trailers));
+                }
+            } else if salted_body {
+                // Early STREAMED: each message's reply replaces its chunk with the salted bytes
+                // (the salt keeps the chunk boundaries, so there is one per message).
+                out.extend(
+                    pending
+                        .chunks
+                        .into_iter()
+                        .map(envoy::replaced_request_chunk),
+                );
+            } else {
+                // Early STREAMED: Envoy holds the chunks; each message is let through as it is.
+                out.extend((0..messages).map(|_| envoy::continue_(Slot::RequestBody)));
             }
             if trailers {
                 out.push(envoy::continue_(Slot::RequestTrailers));
             }
-        } else if slot == Slot::RequestHeaders
-            && self.request_mode == BodySendMode::FullDuplexStreamed
-            && trailers
-        {
-            out.push(envoy::continue_(Slot::RequestTrailers));
         }
         out
     }
@@ -681,6 +712,17 @@ impl Stream {
     /// Whether the routing reply in `slot` is followed by the body echoed back (full duplex).
     fn echoes(&self, slot: Slot) -> bool {
         slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed
+    }
+
+    /// Whether the request headers' reply waits for the body's end: Envoy sends the body
+    /// without waiting for it (full duplex, or STREAMED with
+    /// `send_body_without_waiting_for_header_response`), and picks the host when it comes.
+    fn holds_headers(&self) -> bool {
+        match self.request_mode {
+            BodySendMode::FullDuplexStreamed => true,
+            BodySendMode::Streamed => self.early_body,
+            _ => false,
+        }
     }
 
     fn on_response_headers(

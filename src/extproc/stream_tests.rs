@@ -1063,3 +1063,79 @@ proptest! {
         prop_assert_eq!(f.in_flight(), 0);
     }
 }
+
+/// The first message of an early STREAMED stream: Envoy sends the body without waiting for the
+/// headers' reply (`send_body_without_waiting_for_header_response`).
+fn early_streamed_headers() -> ProcessingRequest {
+    let mut msg = request_headers(BodySendMode::Streamed, "/v1/chat/completions", false);
+    if let Some(pc) = msg.protocol_config.as_mut() {
+        pc.send_body_without_waiting_for_header_response = true;
+    }
+    msg
+}
+
+/// Every reply after the first is a body reply that lets its chunk through unchanged.
+fn assert_body_continues(replies: &[ProcessingResponse]) {
+    for reply in replies {
+        let Some(Response::RequestBody(body)) = &reply.response else {
+            panic!("not a body reply: {reply:?}")
+        };
+        let common = body.response.as_ref();
+        assert!(
+            common.is_none_or(|c| c.body_mutation.is_none() && c.header_mutation.is_none()),
+            "{reply:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn early_streamed_holds_headers_then_lets_every_chunk_through() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    assert!(
+        s.on_message(early_streamed_headers()).await.is_empty(),
+        "the headers' reply waits for the body"
+    );
+    let (a, b) = CHAT.as_bytes().split_at(20);
+    assert!(s.on_message(request_body(a, false)).await.is_empty());
+    assert!(s.on_message(request_body(b, false)).await.is_empty());
+    let r = s.on_message(request_body(b"", true)).await;
+    assert_eq!(r.len(), 4, "route + one reply per body message: {r:?}");
+    assert!(matches!(r[0].response, Some(Response::RequestHeaders(_))));
+    assert!(destination(&r[0]).is_some(), "{r:?}");
+    assert_body_continues(&r[1..]);
+    assert_eq!(s.outcome(), Outcome::Routed);
+    assert_eq!(f.in_flight(), 1);
+}
+
+#[tokio::test]
+async fn early_streamed_with_trailers_answers_them_last() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(early_streamed_headers()).await;
+    assert!(s
+        .on_message(request_body(CHAT.as_bytes(), false))
+        .await
+        .is_empty());
+    let r = s
+        .on_message(ProcessingRequest {
+            request: Some(Request::RequestTrailers(HttpTrailers::default())),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert!(destination(&r[0]).is_some());
+    assert_body_continues(&r[1..2]);
+    assert!(matches!(r[2].response, Some(Response::RequestTrailers(_))));
+}
+
+#[tokio::test]
+async fn early_streamed_refuses_a_bad_body_with_the_error_not_a_pick() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    s.on_message(early_streamed_headers()).await;
+    let r = s.on_message(request_body(b"{\"model\":", true)).await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(immediate_status(&r[0]), Some(400));
+    assert_eq!(f.in_flight(), 0);
+}
