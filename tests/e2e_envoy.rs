@@ -524,6 +524,86 @@ async fn a_body_paused_past_the_message_timeout_is_cut_by_envoy_only_in_early_st
     }
 }
 
+/// kvrouter dying while a body is still arriving, per body mode: the first half is sent, kvrouter
+/// is killed once it has the picker stream open, then the second half follows. Returns the
+/// status the client got.
+async fn status_when_the_router_dies_mid_body(mode: BodyMode) -> u16 {
+    use futures::StreamExt;
+    let mut stack = warm_stack(mode).await;
+    let body = chat_body(MODEL, "an upload the router does not live to see", false, 2).into_bytes();
+    let (a, b) = body.split_at(body.len() / 2);
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let parts = futures::stream::iter([(a.to_vec(), None), (b.to_vec(), Some(wait))]).then(
+        |(chunk, gate)| async move {
+            if let Some(gate) = gate {
+                let _ = gate.await;
+            }
+            Ok::<_, std::io::Error>(chunk)
+        },
+    );
+    let request = stack
+        .client
+        .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(parts))
+        .send();
+    let request = tokio::spawn(request);
+    // BUFFERED: Envoy holds the first half and has opened no stream yet; the others: kvrouter
+    // has the request's headers (its picker stream is open).
+    let admin = stack.router.admin;
+    if mode != BodyMode::Buffered {
+        eventually(
+            "the picker stream open",
+            Duration::from_secs(10),
+            || async move {
+                let open = metric_sum(admin, "kvrouter_streams_active").await;
+                (open >= 1.0).then_some(())
+            },
+        )
+        .await;
+    } else {
+        let envoy = stack.envoy.admin;
+        let client = stack.client.clone();
+        eventually("Envoy holding the request", Duration::from_secs(10), || {
+            let client = client.clone();
+            async move {
+                let url = format!("http://{envoy}/stats?filter=downstream_rq_active");
+                let text = client.get(url).send().await.ok()?.text().await.ok()?;
+                text.lines()
+                    .filter(|l| !l.starts_with("http.admin."))
+                    .filter_map(|l| l.split_once(": "))
+                    .any(|(k, v)| k.ends_with("downstream_rq_active") && v.trim() != "0")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    stack.router.proc.kill();
+    go.send(()).expect("the upload waits for the second half");
+    let r = reply(request.await.unwrap().expect("POST through Envoy")).await;
+    r.status
+}
+
+/// What each body mode does with a request whose body is still arriving when kvrouter dies:
+/// BUFFERED opens the stream only once the body is whole, so it fails open whole (200);
+/// FULL_DUPLEX_STREAMED fails closed (500); early STREAMED fails open with the part Envoy held
+/// as the whole body (the engine's 400), as with a pause past the message timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_router_dying_mid_body_does_per_body_mode() {
+    assert_eq!(
+        status_when_the_router_dies_mid_body(BodyMode::Buffered).await,
+        200
+    );
+    assert_eq!(
+        status_when_the_router_dies_mid_body(BodyMode::FullDuplex).await,
+        500
+    );
+    assert_eq!(
+        status_when_the_router_dies_mid_body(BodyMode::Streamed).await,
+        400
+    );
+}
+
 /// Twelve chats through Envoy once kvrouter is SIGKILLed: status and upstream of each.
 async fn statuses_once_the_router_is_dead(body_mode: BodyMode) -> Vec<(u16, Option<String>)> {
     let mut stack = warm_stack(body_mode).await;
