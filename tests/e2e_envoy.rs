@@ -391,8 +391,8 @@ async fn a_dead_router_in_full_duplex_mode_gets_500s_from_envoy() {
 /// STREAMED with `send_body_without_waiting_for_header_response` (`--body-mode streamed`): Envoy
 /// sends the headers and the body at once and picks the host only when kvrouter answers the
 /// headers, after the body. Every pick is honoured (a strict round-robin rotation, which Envoy's
-/// least-request fallback would not produce), a body four times the listener's 1 MiB buffer is
-/// routed, and with kvrouter dead before the requests come Envoy still fails them open (what
+/// least-request fallback would not produce), a 4 MiB body arriving in several chunks is routed
+/// (Envoy queues them up to the virtual host's `request_body_buffer_limit`), and with kvrouter dead before the requests come Envoy still fails them open (what
 /// full duplex cannot; a body still arriving when it dies is another matter, below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_streamed_mode_honours_every_pick_and_fails_open() {

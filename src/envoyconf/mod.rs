@@ -461,7 +461,7 @@ pub fn render(o: &EnvoyOptions) -> String {
         (
             "STREAMED",
             "SEND",
-            "per message; the headers' runs until the pick, upload included; on expiry the request fails open",
+            "per message, re-armed by each body chunk; on expiry mid-body Envoy forwards what it holds (docs/envoy.md)",
         )
     } else {
         (

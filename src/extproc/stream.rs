@@ -109,6 +109,8 @@ struct Pending {
     chunks: Vec<Vec<u8>>,
     /// Total bytes in `chunks`.
     len: usize,
+    /// The `content-length` the request headers declared, if any.
+    declared_len: Option<usize>,
     /// The body's share of the process-wide buffered-body budget.
     held: budget::Held,
     /// The gateway's trace context, kept only while tracing is on.
@@ -406,6 +408,7 @@ impl Stream {
             flow,
             chunks: Vec::new(),
             len: 0,
+            declared_len: envoy::header_str(headers, "content-length").and_then(|v| v.parse().ok()),
             held: budget::BUFFERED_BODIES.empty(),
             trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
@@ -448,8 +451,8 @@ impl Stream {
     ) -> Vec<ProcessingResponse> {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
         // The headers' reply waits for the body's end (full duplex, early STREAMED).
-        let held = self.holds_headers();
-        if matches!(self.phase, Phase::Start) && !held {
+        let holds = self.holds_headers();
+        if matches!(self.phase, Phase::Start) && !holds {
             // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
             // path, request id, tenant, flow and trace headers come as request attributes with
             // the body. Not a mode the shipped configs use: Envoy 1.40 picks the upstream host
@@ -475,6 +478,7 @@ impl Stream {
                 tenant,
                 chunks: Vec::new(),
                 len: 0,
+                declared_len: None,
                 held: budget::BUFFERED_BODIES.empty(),
                 trace: RemoteParent::capture(|name| envoy::header_attribute(attributes, name)),
             });
@@ -509,24 +513,31 @@ impl Stream {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.len += b.body.len();
-        if !b.body.is_empty() || held {
+        if !b.body.is_empty() || holds {
             // Held: every message is answered after the decision, one reply each.
             pending.chunks.push(b.body);
         }
         // BUFFERED sends the whole body in one message, without end of stream only when
         // trailers follow it (over Envoy's buffer limit Envoy answers 413 itself): it is whole.
-        if b.end_of_stream || self.request_mode == BodySendMode::Buffered {
+        // Early STREAMED holds trailers until every body message is answered, so a body that
+        // trailers follow ends when it reaches the content-length its headers declared (without
+        // one, Envoy's message timeout ends the wait: docs/envoy.md).
+        let whole = b.end_of_stream
+            || self.request_mode == BodySendMode::Buffered
+            || (self.request_mode == BodySendMode::Streamed
+                && pending.declared_len == Some(pending.len));
+        if whole {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
             };
-            let slot = if held {
+            let slot = if holds {
                 Slot::RequestHeaders
             } else {
                 Slot::RequestBody
             };
             return self.decide(p, slot, false).await;
         }
-        if held {
+        if holds {
             Vec::new()
         } else {
             // BUFFERED_PARTIAL hit Envoy's buffer limit: the body is cut and cannot be parsed
