@@ -134,10 +134,10 @@ fn common_mut(reply: &mut ProcessingResponse) -> Option<&mut CommonResponse> {
     }
 }
 
-/// Tells Envoy the request body of a `route` reply changed to `len` bytes: sets
-/// `content-length`, and in `BUFFERED` mode (`body` given) replaces the body itself. In
-/// full-duplex mode the new bytes go out as the echoed chunks instead.
-pub fn body_changed(reply: &mut ProcessingResponse, len: usize, body: Option<Vec<u8>>) {
+/// Replaces the BUFFERED request body of a `route` reply with `body`, and its `content-length`
+/// to match. (In the streamed modes Envoy removes the content-length when the headers come and
+/// skips setting one; the new bytes go out in the chunks' replies instead.)
+pub fn body_changed(reply: &mut ProcessingResponse, body: Vec<u8>) {
     let Some(common) = common_mut(reply) else {
         return;
     };
@@ -145,12 +145,10 @@ pub fn body_changed(reply: &mut ProcessingResponse, len: usize, body: Option<Vec
         .header_mutation
         .get_or_insert_with(Default::default)
         .set_headers
-        .push(header_option("content-length", &len.to_string()));
-    if let Some(body) = body {
-        common.body_mutation = Some(BodyMutation {
-            mutation: Some(body_mutation::Mutation::Body(body)),
-        });
-    }
+        .push(header_option("content-length", &body.len().to_string()));
+    common.body_mutation = Some(BodyMutation {
+        mutation: Some(body_mutation::Mutation::Body(body)),
+    });
 }
 
 /// The pick id the picker wrote, as forwarded to an observer stream.

@@ -633,19 +633,17 @@ impl Stream {
                 if watched {
                     envoy::watch(&mut reply);
                 }
-                // STREAMED: Envoy took the content-length off when the headers came (and would
-                // not set one), so the salted chunks go upstream chunk-encoded.
-                if salted && self.request_mode != BodySendMode::Streamed {
+                // The streamed modes: Envoy took the content-length off when the headers came
+                // (and skips setting one), so the salted chunks go upstream chunk-encoded.
+                if salted && slot == Slot::RequestBody {
                     // BUFFERED: nothing is echoed afterwards, the body moves into the reply
                     // (one chunk, always, in BUFFERED: moved, not copied).
-                    let buffered = (slot == Slot::RequestBody).then(|| {
-                        let mut chunks = std::mem::take(&mut pending.chunks);
-                        match chunks.len() {
-                            1 => chunks.pop().unwrap_or_default(),
-                            _ => chunks.concat(),
-                        }
-                    });
-                    envoy::body_changed(&mut reply, pending.len, buffered);
+                    let mut chunks = std::mem::take(&mut pending.chunks);
+                    let body = match chunks.len() {
+                        1 => chunks.pop().unwrap_or_default(),
+                        _ => chunks.concat(),
+                    };
+                    envoy::body_changed(&mut reply, body);
                 }
                 out.push(reply);
                 tracing::debug!(
