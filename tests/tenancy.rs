@@ -232,6 +232,51 @@ async fn tenants_share_nothing_in_one_engine_early_streamed() {
     tenants_share_nothing_in_one_engine(BodyMode::Streamed, "").await;
 }
 
+/// Early STREAMED: a tenant's body that pauses past `routing.streamed_body_pause_ms` is not let
+/// go unrouted (it would reach the engine unsalted): the client gets 408 from kvrouter and no
+/// replica sees it. A tenant-less one pausing the same way is served unrouted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_paused_early_streamed_body_is_refused_not_sent_unsalted() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new();
+    let jwks = issuer.write_jwks(dir.path());
+    let stack = stack(
+        1,
+        BodyMode::Streamed,
+        &jwks,
+        "routing: {streamed_body_pause_ms: 50}\n",
+    )
+    .await;
+    let acme = bearer(&issuer.token("acme"));
+    for (headers, status) in [(vec![acme], 408), (Vec::new(), 200)] {
+        let body = body("Paused?").into_bytes();
+        let (a, b) = body.split_at(body.len() / 2);
+        // The pause is the stimulus: eight of the router's pause limits.
+        let parts = futures::stream::iter([(a.to_vec(), false), (b.to_vec(), true)]).then(
+            |(chunk, pause)| async move {
+                if pause {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                Ok::<_, std::io::Error>(chunk)
+            },
+        );
+        let mut req = stack
+            .client
+            .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(parts));
+        for (k, v) in &headers {
+            req = req.header(*k, v);
+        }
+        let r = reply(req.send().await.expect("POST through Envoy")).await;
+        assert_eq!(r.status, status, "{}", r.body);
+        assert_eq!(r.replica.is_some(), status == 200, "{r:?}");
+    }
+    let decisions = metric_sum(stack.router.admin, "kvrouter_decisions_total").await;
+    assert_eq!(decisions, 0.0, "neither was decided");
+}
+
 /// Every body here (~1.5 KiB) over the heavy threshold: Envoy's body message is decoded in the
 /// heavy lane, not by the gRPC codec, and decided and salted there (what a near-limit body gets).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

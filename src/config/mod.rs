@@ -245,6 +245,14 @@ pub struct RoutingConfig {
     /// past that Envoy fails the request open and the engine gets a body the router never
     /// checked (its message and part limits). 0: never refused. Default 1000.
     pub heavy_body_max_wait_ms: u64,
+    /// Early STREAMED bodies only (`envoy-config --body-mode streamed`): how long, in ms, the
+    /// router waits for the next message of a body that has not ended before it lets the
+    /// request go unrouted (Envoy's fallback serves it, the rest of the body following as it
+    /// comes; a tenant's request, which must not go unsalted, gets 408). Envoy re-arms its
+    /// ext_proc `message_timeout` with every chunk, and past it Envoy gives up on the router
+    /// and forwards only the part of the body it holds: keep this under that timeout. 0: wait
+    /// for Envoy's timeout. Default 1000.
+    pub streamed_body_pause_ms: u64,
     /// How often, per endpoint, a routed request is marked for Envoy's observer filter, in ms:
     /// at most one request per endpoint in each such interval is watched to its first byte
     /// (status, served endpoint, time to first token: passive health and the learned speed).
@@ -274,6 +282,7 @@ impl Default for RoutingConfig {
             heavy_body_bytes: 64 << 10,
             heavy_body_bytes_per_s: None,
             heavy_body_max_wait_ms: 1000,
+            streamed_body_pause_ms: 1000,
             observe_interval_ms: 100,
         }
     }

@@ -177,7 +177,20 @@ impl Session {
             if self.stream.is_finished() {
                 return None;
             }
-            let msg = match self.inbound.message().await {
+            // Early STREAMED: a body that pauses is let go before Envoy's message timeout cuts it.
+            let read = match self.stream.pause_deadline() {
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline, self.inbound.message()).await {
+                        Ok(read) => read,
+                        Err(_) => {
+                            self.replies.extend(self.stream.release_paused_body());
+                            continue;
+                        }
+                    }
+                }
+                None => self.inbound.message().await,
+            };
+            let msg = match read {
                 Ok(Some(Inbound::Decoded(msg))) => Ok(msg),
                 // A long message that waited past `routing.heavy_body_max_wait_ms` for its turn
                 // to be read (`divert`): refused, so Envoy does not fail it open past its

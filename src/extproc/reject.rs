@@ -67,6 +67,17 @@ impl Rejection {
         }
     }
 
+    /// 408: a tenant's early-STREAMED body paused longer than `routing.streamed_body_pause_ms`;
+    /// it cannot be let through unrouted (it would go unsalted).
+    pub fn body_paused() -> Rejection {
+        Rejection {
+            status: 408,
+            message: "The request body paused for longer than the router waits for it.".into(),
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
     /// 500: the router could not finish its own work (shutting down).
     pub fn internal() -> Rejection {
         Rejection {

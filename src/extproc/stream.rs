@@ -111,6 +111,8 @@ struct Pending {
     len: usize,
     /// The `content-length` the request headers declared, if any.
     declared_len: Option<usize>,
+    /// When its last message (headers or a body chunk) came.
+    last_message_at: tokio::time::Instant,
     /// The body's share of the process-wide buffered-body budget.
     held: budget::Held,
     /// The gateway's trace context, kept only while tracing is on.
@@ -197,6 +199,9 @@ struct Responding {
     first_byte_at: Option<Instant>,
 }
 
+// One per ext_proc stream, held in its `Stream` and never in a collection: boxing the pending
+// request would cost an allocation per request to save a few moves of ~240 bytes.
+#[allow(clippy::large_enum_variant)]
 enum Phase {
     Start,
     RequestBody(Pending),
@@ -409,6 +414,7 @@ impl Stream {
             chunks: Vec::new(),
             len: 0,
             declared_len: envoy::header_str(headers, "content-length").and_then(|v| v.parse().ok()),
+            last_message_at: tokio::time::Instant::now(),
             held: budget::BUFFERED_BODIES.empty(),
             trace: RemoteParent::capture(|name| envoy::header_str(headers, name)),
         };
@@ -479,6 +485,7 @@ impl Stream {
                 chunks: Vec::new(),
                 len: 0,
                 declared_len: None,
+                last_message_at: tokio::time::Instant::now(),
                 held: budget::BUFFERED_BODIES.empty(),
                 trace: RemoteParent::capture(|name| envoy::header_attribute(attributes, name)),
             });
@@ -513,6 +520,7 @@ impl Stream {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.len += b.body.len();
+        pending.last_message_at = tokio::time::Instant::now();
         if !b.body.is_empty() || holds {
             // Held: every message is answered after the decision, one reply each.
             pending.chunks.push(b.body);
@@ -721,6 +729,47 @@ impl Stream {
     /// Whether the routing reply in `slot` is followed by the body echoed back (full duplex).
     fn echoes(&self, slot: Slot) -> bool {
         slot == Slot::RequestHeaders && self.request_mode == BodySendMode::FullDuplexStreamed
+    }
+
+    /// Early STREAMED: when a body that has not ended stops being waited for (its last message
+    /// plus `routing.streamed_body_pause_ms`), so that the caller can call
+    /// [`Self::release_paused_body`] before Envoy's message timeout gives up on the router and
+    /// forwards only the part of the body it holds. `None` in every other case.
+    pub fn pause_deadline(&self) -> Option<tokio::time::Instant> {
+        let Phase::RequestBody(p) = &self.phase else {
+            return None;
+        };
+        let pause_ms = p.state.config.routing.streamed_body_pause_ms;
+        (self.request_mode == BodySendMode::Streamed && self.early_body && pause_ms > 0)
+            .then(|| p.last_message_at + std::time::Duration::from_millis(pause_ms))
+    }
+
+    /// Lets a paused early-STREAMED request go unrouted: the held headers' reply and a reply
+    /// per body message so far, all CONTINUE; the rest of the body then passes as it comes.
+    /// A tenant's request, which would go unsalted, is refused with 408 instead.
+    pub fn release_paused_body(&mut self) -> Vec<ProcessingResponse> {
+        let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
+            return Vec::new();
+        };
+        let salted = p
+            .state
+            .tenants
+            .cache_salt(p.tenant.as_deref(), None)
+            .is_some();
+        tracing::debug!(
+            request_id = %self.request_id,
+            received_bytes = p.len,
+            salted,
+            "request body paused past routing.streamed_body_pause_ms; not routed"
+        );
+        if salted {
+            let retry_after = p.state.config.routing.retry_after_s;
+            return self.reject(Rejection::body_paused(), retry_after);
+        }
+        self.phase = Phase::Picked { id: None };
+        std::iter::once(envoy::continue_(Slot::RequestHeaders))
+            .chain(p.chunks.iter().map(|_| envoy::continue_(Slot::RequestBody)))
+            .collect()
     }
 
     /// Whether the request headers' reply waits for the body's end: Envoy sends the body

@@ -1161,3 +1161,43 @@ async fn early_streamed_refuses_a_bad_body_with_the_error_not_a_pick() {
     assert_eq!(immediate_status(&r[0]), Some(400));
     assert_eq!(f.in_flight(), 0);
 }
+
+#[tokio::test]
+async fn a_paused_early_streamed_body_is_let_go_unrouted() {
+    let f = Fixture::new();
+    let mut s = f.stream();
+    assert!(s.pause_deadline().is_none(), "nothing to wait for yet");
+    s.on_message(early_streamed_headers()).await;
+    let (a, b) = CHAT.as_bytes().split_at(20);
+    assert!(s.on_message(request_body(a, false)).await.is_empty());
+    let deadline = s.pause_deadline().expect("a body that has not ended");
+    assert!(deadline > tokio::time::Instant::now());
+    let r = s.release_paused_body();
+    assert_eq!(r.len(), 2, "headers + the one body message: {r:?}");
+    assert!(matches!(r[0].response, Some(Response::RequestHeaders(_))));
+    assert!(destination(&r[0]).is_none(), "not routed: {r:?}");
+    assert_body_continues(&r[1..]);
+    assert!(s.pause_deadline().is_none());
+    // The rest of the body passes as it comes.
+    let r = s.on_message(request_body(b, true)).await;
+    assert_eq!(r.len(), 1);
+    assert_body_continues(&r);
+    assert_eq!(s.outcome(), Outcome::Unrouted);
+    assert_eq!(f.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn only_early_streamed_bodies_have_a_pause_deadline() {
+    let f = Fixture::new();
+    for mode in [BodySendMode::Buffered, BodySendMode::FullDuplexStreamed] {
+        let mut s = f.stream();
+        s.on_message(request_headers(mode, "/v1/chat/completions", false))
+            .await;
+        s.on_message(request_body(b"{", false)).await;
+        assert!(s.pause_deadline().is_none(), "{mode:?}");
+    }
+    let f = Fixture::with(&CONFIG.replace("observe_interval_ms: 0}", "streamed_body_pause_ms: 0}"));
+    let mut s = f.stream();
+    s.on_message(early_streamed_headers()).await;
+    assert!(s.pause_deadline().is_none(), "0 waits for Envoy's timeout");
+}
