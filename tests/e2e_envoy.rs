@@ -471,7 +471,6 @@ async fn early_streamed_mode_honours_every_pick_and_fails_open() {
 /// request go unrouted first, and the whole body is served. docs/envoy.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_paused_past_the_message_timeout_is_let_go_unrouted_before_envoy_cuts_it() {
-    use futures::StreamExt;
     // (mode, router config, status, kvrouter decided it, Envoy's message timeout fired)
     let cases = [
         (BodyMode::Buffered, "", 200, true, false),
@@ -499,21 +498,13 @@ async fn a_body_paused_past_the_message_timeout_is_let_go_unrouted_before_envoy_
         })
         .await;
         let body = chat_body(MODEL, "an upload that pauses", false, 2).into_bytes();
-        let (a, b) = body.split_at(body.len() / 2);
         // The pause is the stimulus: four message timeouts between the two halves.
-        let parts = futures::stream::iter([(a.to_vec(), false), (b.to_vec(), true)]).then(
-            |(chunk, pause)| async move {
-                if pause {
-                    tokio::time::sleep(Duration::from_millis(800)).await;
-                }
-                Ok::<_, std::io::Error>(chunk)
-            },
-        );
+        let pause = tokio::time::sleep(Duration::from_millis(800));
         let r = stack
             .client
             .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
             .header("content-type", "application/json")
-            .body(reqwest::Body::wrap_stream(parts))
+            .body(split_upload(body, pause))
             .send()
             .await
             .expect("POST through Envoy");
@@ -539,24 +530,17 @@ async fn a_body_paused_past_the_message_timeout_is_let_go_unrouted_before_envoy_
 /// is killed once it has the picker stream open, then the second half follows. Returns the
 /// status the client got.
 async fn status_when_the_router_dies_mid_body(mode: BodyMode) -> u16 {
-    use futures::StreamExt;
     let mut stack = warm_stack(mode).await;
     let body = chat_body(MODEL, "an upload the router does not live to see", false, 2).into_bytes();
-    let (a, b) = body.split_at(body.len() / 2);
     let (go, wait) = tokio::sync::oneshot::channel::<()>();
-    let parts = futures::stream::iter([(a.to_vec(), None), (b.to_vec(), Some(wait))]).then(
-        |(chunk, gate)| async move {
-            if let Some(gate) = gate {
-                let _ = gate.await;
-            }
-            Ok::<_, std::io::Error>(chunk)
-        },
-    );
+    let gate = async move {
+        let _ = wait.await;
+    };
     let request = stack
         .client
         .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
         .header("content-type", "application/json")
-        .body(reqwest::Body::wrap_stream(parts))
+        .body(split_upload(body, gate))
         .send();
     let request = tokio::spawn(request);
     // BUFFERED: Envoy holds the first half and has opened no stream yet; the others: kvrouter

@@ -237,7 +237,6 @@ async fn tenants_share_nothing_in_one_engine_early_streamed() {
 /// replica sees it. A tenant-less one pausing the same way is served unrouted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_paused_early_streamed_body_is_refused_not_sent_unsalted() {
-    use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new();
     let jwks = issuer.write_jwks(dir.path());
@@ -251,21 +250,13 @@ async fn a_tenants_paused_early_streamed_body_is_refused_not_sent_unsalted() {
     let acme = bearer(&issuer.token("acme"));
     for (headers, status) in [(vec![acme], 408), (Vec::new(), 200)] {
         let body = body("Paused?").into_bytes();
-        let (a, b) = body.split_at(body.len() / 2);
         // The pause is the stimulus: eight of the router's pause limits.
-        let parts = futures::stream::iter([(a.to_vec(), false), (b.to_vec(), true)]).then(
-            |(chunk, pause)| async move {
-                if pause {
-                    tokio::time::sleep(Duration::from_millis(400)).await;
-                }
-                Ok::<_, std::io::Error>(chunk)
-            },
-        );
+        let pause = tokio::time::sleep(Duration::from_millis(400));
         let mut req = stack
             .client
             .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))
             .header("content-type", "application/json")
-            .body(reqwest::Body::wrap_stream(parts));
+            .body(split_upload(body, pause));
         for (k, v) in &headers {
             req = req.header(*k, v);
         }

@@ -14,6 +14,23 @@ pub fn chat_body(model: &str, text: &str, stream: bool, max_tokens: u32) -> Stri
     .to_string()
 }
 
+/// `body` as a client uploading in two halves sends it: the second half once `gate` resolves
+/// (a pause, or a step of the test).
+pub fn split_upload(
+    body: Vec<u8>,
+    gate: impl std::future::Future<Output = ()> + Send + 'static,
+) -> reqwest::Body {
+    use futures::StreamExt;
+    let mut first = body;
+    let second = first.split_off(first.len() / 2);
+    let first = futures::stream::once(async move { Ok::<_, std::io::Error>(first) });
+    let second = futures::stream::once(async move {
+        gate.await;
+        Ok::<_, std::io::Error>(second)
+    });
+    reqwest::Body::wrap_stream(first.chain(second))
+}
+
 /// A completion request body.
 pub fn completion_body(model: &str, prompt: &str, stream: bool, max_tokens: u32) -> String {
     serde_json::json!({"model": model, "stream": stream, "max_tokens": max_tokens, "prompt": prompt})

@@ -53,7 +53,8 @@ pub mod stack;
 pub use envoy::{envoy_options, envoy_yaml, start_envoy, with_routers, Envoy, EXTPROC_CLUSTERS};
 pub use error::HarnessError;
 pub use http::{
-    assert_complete_stream, chat_body, completion_body, post, reply, sse_events, Reply,
+    assert_complete_stream, chat_body, completion_body, post, reply, split_upload, sse_events,
+    Reply,
 };
 pub use metrics::{
     assert_in_flight_drains, metric_sum, router_metrics, wait_for_decisions, wait_for_in_flight,
