@@ -499,7 +499,7 @@ async fn a_body_paused_past_the_message_timeout_is_let_go_unrouted_before_envoy_
         .await;
         let body = chat_body(MODEL, "an upload that pauses", false, 2).into_bytes();
         // The pause is the stimulus: four message timeouts between the two halves.
-        let pause = tokio::time::sleep(Duration::from_millis(800));
+        let pause = async { tokio::time::sleep(Duration::from_millis(800)).await };
         let r = stack
             .client
             .post(format!("http://{}/v1/chat/completions", stack.envoy.addr))

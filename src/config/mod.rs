@@ -248,7 +248,8 @@ pub struct RoutingConfig {
     /// Early STREAMED bodies only (`envoy-config --body-mode streamed`): how long, in ms, the
     /// router waits for the next message of a body that has not ended before it lets the
     /// request go unrouted (Envoy's fallback serves it, the rest of the body following as it
-    /// comes; a tenant's request, which must not go unsalted, gets 408). Envoy re-arms its
+    /// comes; with tenancy configured, 408: unsalted and unconfined it must not go). While the
+    /// long-body pace holds one of its chunks back the wait is not counted. Envoy re-arms its
     /// ext_proc `message_timeout` with every chunk, and past it Envoy gives up on the router
     /// and forwards only the part of the body it holds: keep this under that timeout. 0: wait
     /// for Envoy's timeout. Default 1000.

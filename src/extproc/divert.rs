@@ -150,6 +150,8 @@ pub struct PaceFlow(Arc<FlowState>);
 struct FlowState {
     tenant: std::sync::OnceLock<Arc<str>>,
     request_read: std::sync::atomic::AtomicBool,
+    /// A long message of the stream is being held back by the pace right now.
+    holding: std::sync::atomic::AtomicBool,
 }
 
 impl PaceFlow {
@@ -169,6 +171,16 @@ impl PaceFlow {
 
     fn tenant(&self) -> Option<&Arc<str>> {
         self.0.tenant.get()
+    }
+
+    /// Whether the pace is holding back a long message of the stream right now (the stream's
+    /// reader waits for it then, not for Envoy).
+    pub fn is_holding(&self) -> bool {
+        self.0.holding.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_holding(&self, holding: bool) {
+        self.0.holding.store(holding, Ordering::Relaxed);
     }
 
     fn is_request_read(&self) -> bool {
@@ -491,6 +503,7 @@ where
                     pace.held_seconds.inc_by(waited.as_secs_f64());
                 }
                 this.held = None;
+                this.flow.set_holding(false);
             }
             match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 None => {
@@ -524,6 +537,7 @@ where
                                 continue;
                             }
                             this.held = Some((Box::pin(tokio::time::sleep_until(until)), now));
+                            this.flow.set_holding(true);
                         }
                     }
                     Err(frame) => {

@@ -183,13 +183,24 @@ impl Session {
                     match tokio::time::timeout_at(deadline, self.inbound.message()).await {
                         Ok(read) => read,
                         Err(_) => {
-                            self.replies.extend(self.stream.release_paused_body());
+                            // Not if the pace began holding a message meanwhile (the read is
+                            // cancel-safe: what it had read stays in the stream).
+                            if self
+                                .stream
+                                .pause_deadline()
+                                .is_some_and(|d| d <= tokio::time::Instant::now())
+                            {
+                                self.replies.extend(self.stream.release_paused_body());
+                            }
                             continue;
                         }
                     }
                 }
                 None => self.inbound.message().await,
             };
+            if matches!(read, Ok(Some(_))) {
+                self.stream.message_arrived();
+            }
             let msg = match read {
                 Ok(Some(Inbound::Decoded(msg))) => Ok(msg),
                 // A long message that waited past `routing.heavy_body_max_wait_ms` for its turn

@@ -520,7 +520,6 @@ impl Stream {
             return self.reject(Rejection::bodies_busy(), retry_after);
         }
         pending.len += b.body.len();
-        pending.last_message_at = tokio::time::Instant::now();
         if !b.body.is_empty() || holds {
             // Held: every message is answered after the decision, one reply each.
             pending.chunks.push(b.body);
@@ -735,34 +734,45 @@ impl Stream {
     /// plus `routing.streamed_body_pause_ms`), so that the caller can call
     /// [`Self::release_paused_body`] before Envoy's message timeout gives up on the router and
     /// forwards only the part of the body it holds. `None` in every other case.
+    /// While the long-body pace holds a message back, the wait is the router's, not the
+    /// client's: no deadline then (the pace refuses the request itself past
+    /// `routing.heavy_body_max_wait_ms`).
     pub fn pause_deadline(&self) -> Option<tokio::time::Instant> {
         let Phase::RequestBody(p) = &self.phase else {
             return None;
         };
+        if self.pace_flow.as_ref().is_some_and(|f| f.is_holding()) {
+            return None;
+        }
         let pause_ms = p.state.config.routing.streamed_body_pause_ms;
         (self.request_mode == BodySendMode::Streamed && self.early_body && pause_ms > 0)
             .then(|| p.last_message_at + std::time::Duration::from_millis(pause_ms))
     }
 
+    /// A message came off the wire (before any decoding): a paused body's clock restarts, as
+    /// Envoy's message timer did when it sent it.
+    pub fn message_arrived(&mut self) {
+        if let Phase::RequestBody(p) = &mut self.phase {
+            p.last_message_at = tokio::time::Instant::now();
+        }
+    }
+
     /// Lets a paused early-STREAMED request go unrouted: the held headers' reply and a reply
     /// per body message so far, all CONTINUE; the rest of the body then passes as it comes.
-    /// A tenant's request, which would go unsalted, is refused with 408 instead.
+    /// With tenancy configured it is refused with 408 instead: unrouted, it would go unsalted
+    /// and unconfined (the reason the rendered picker fails closed with tenancy).
     pub fn release_paused_body(&mut self) -> Vec<ProcessingResponse> {
         let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
             return Vec::new();
         };
-        let salted = p
-            .state
-            .tenants
-            .cache_salt(p.tenant.as_deref(), None)
-            .is_some();
+        let tenancy = p.state.tenants.header().is_some();
         tracing::debug!(
             request_id = %self.request_id,
             received_bytes = p.len,
-            salted,
+            tenancy,
             "request body paused past routing.streamed_body_pause_ms; not routed"
         );
-        if salted {
+        if tenancy {
             let retry_after = p.state.config.routing.retry_after_s;
             return self.reject(Rejection::body_paused(), retry_after);
         }

@@ -1189,15 +1189,36 @@ async fn a_paused_early_streamed_body_is_let_go_unrouted() {
 #[tokio::test]
 async fn only_early_streamed_bodies_have_a_pause_deadline() {
     let f = Fixture::new();
-    for mode in [BodySendMode::Buffered, BodySendMode::FullDuplexStreamed] {
+    for mode in [
+        BodySendMode::Buffered,
+        BodySendMode::FullDuplexStreamed,
+        BodySendMode::Streamed,
+    ] {
         let mut s = f.stream();
         s.on_message(request_headers(mode, "/v1/chat/completions", false))
             .await;
-        s.on_message(request_body(b"{", false)).await;
         assert!(s.pause_deadline().is_none(), "{mode:?}");
     }
+    let mut s = f.stream();
+    s.on_message(early_streamed_headers()).await;
+    assert!(s.pause_deadline().is_some(), "the control");
     let f = Fixture::with(&CONFIG.replace("observe_interval_ms: 0}", "streamed_body_pause_ms: 0}"));
     let mut s = f.stream();
     s.on_message(early_streamed_headers()).await;
     assert!(s.pause_deadline().is_none(), "0 waits for Envoy's timeout");
+}
+
+/// While the long-body pace holds a message of the stream back, the wait is the router's: no
+/// pause deadline runs (the pace refuses the request itself past its own bound).
+#[tokio::test]
+async fn no_pause_deadline_while_the_pace_holds_the_stream() {
+    let f = Fixture::new();
+    let flow = super::divert::PaceFlow::default();
+    let mut s = f.stream().with_pace_flow(Some(flow.clone()));
+    s.on_message(early_streamed_headers()).await;
+    assert!(s.pause_deadline().is_some());
+    flow.set_holding(true);
+    assert!(s.pause_deadline().is_none());
+    flow.set_holding(false);
+    assert!(s.pause_deadline().is_some());
 }
