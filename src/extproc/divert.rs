@@ -183,7 +183,7 @@ impl PaceFlow {
         self.0.holding.store(holding, Ordering::Relaxed);
     }
 
-    fn is_request_read(&self) -> bool {
+    pub(super) fn is_request_read(&self) -> bool {
         self.0.request_read.load(Ordering::Relaxed)
     }
 }

@@ -777,6 +777,8 @@ impl Stream {
             return self.reject(Rejection::body_paused(), retry_after);
         }
         self.phase = Phase::Picked { id: None };
+        // The rest of the body passes through: not paced, refused or diverted any more.
+        self.request_read();
         std::iter::once(envoy::continue_(Slot::RequestHeaders))
             .chain(p.chunks.iter().map(|_| envoy::continue_(Slot::RequestBody)))
             .collect()

@@ -1165,7 +1165,8 @@ async fn early_streamed_refuses_a_bad_body_with_the_error_not_a_pick() {
 #[tokio::test]
 async fn a_paused_early_streamed_body_is_let_go_unrouted() {
     let f = Fixture::new();
-    let mut s = f.stream();
+    let flow = super::divert::PaceFlow::default();
+    let mut s = f.stream().with_pace_flow(Some(flow.clone()));
     assert!(s.pause_deadline().is_none(), "nothing to wait for yet");
     s.on_message(early_streamed_headers()).await;
     let (a, b) = CHAT.as_bytes().split_at(20);
@@ -1178,6 +1179,7 @@ async fn a_paused_early_streamed_body_is_let_go_unrouted() {
     assert!(destination(&r[0]).is_none(), "not routed: {r:?}");
     assert_body_continues(&r[1..]);
     assert!(s.pause_deadline().is_none());
+    assert!(flow.is_request_read(), "the rest of the body is not paced");
     // The rest of the body passes as it comes.
     let r = s.on_message(request_body(b, true)).await;
     assert_eq!(r.len(), 1);
