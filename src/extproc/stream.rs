@@ -458,6 +458,7 @@ impl Stream {
         let full_duplex = self.request_mode == BodySendMode::FullDuplexStreamed;
         // The headers' reply waits for the body's end (full duplex, early STREAMED).
         let holds = self.holds_headers();
+        let early = self.early_streamed();
         if matches!(self.phase, Phase::Start) && !holds {
             // Envoy skips the headers (`request_header_mode: SKIP`, one round trip less): the
             // path, request id, tenant, flow and trace headers come as request attributes with
@@ -531,8 +532,7 @@ impl Stream {
         // one, Envoy's message timeout ends the wait: docs/envoy.md).
         let whole = b.end_of_stream
             || self.request_mode == BodySendMode::Buffered
-            || (self.request_mode == BodySendMode::Streamed
-                && pending.declared_len == Some(pending.len));
+            || (early && pending.declared_len == Some(pending.len));
         if whole {
             let Phase::RequestBody(p) = std::mem::replace(&mut self.phase, Phase::Start) else {
                 unreachable!("matched above")
@@ -741,17 +741,22 @@ impl Stream {
         let Phase::RequestBody(p) = &self.phase else {
             return None;
         };
-        if self.pace_flow.as_ref().is_some_and(|f| f.is_holding()) {
+        let pause_ms = p.state.config.routing.streamed_body_pause_ms;
+        if !self.early_streamed()
+            || pause_ms == 0
+            || self.pace_flow.as_ref().is_some_and(|f| f.is_holding())
+        {
             return None;
         }
-        let pause_ms = p.state.config.routing.streamed_body_pause_ms;
-        (self.request_mode == BodySendMode::Streamed && self.early_body && pause_ms > 0)
-            .then(|| p.last_message_at + std::time::Duration::from_millis(pause_ms))
+        Some(p.last_message_at + std::time::Duration::from_millis(pause_ms))
     }
 
     /// A message came off the wire (before any decoding): a paused body's clock restarts, as
     /// Envoy's message timer did when it sent it.
     pub fn message_arrived(&mut self) {
+        if !self.early_streamed() {
+            return; // no pause is timed: no clock read per message
+        }
         if let Phase::RequestBody(p) = &mut self.phase {
             p.last_message_at = tokio::time::Instant::now();
         }
@@ -788,11 +793,12 @@ impl Stream {
     /// without waiting for it (full duplex, or STREAMED with
     /// `send_body_without_waiting_for_header_response`), and picks the host when it comes.
     fn holds_headers(&self) -> bool {
-        match self.request_mode {
-            BodySendMode::FullDuplexStreamed => true,
-            BodySendMode::Streamed => self.early_body,
-            _ => false,
-        }
+        self.request_mode == BodySendMode::FullDuplexStreamed || self.early_streamed()
+    }
+
+    /// STREAMED with `send_body_without_waiting_for_header_response`.
+    fn early_streamed(&self) -> bool {
+        self.request_mode == BodySendMode::Streamed && self.early_body
     }
 
     fn on_response_headers(
